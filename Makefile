@@ -1,0 +1,33 @@
+# The team's vocabulary: install, test, check, demo, bench.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed
+
+.PHONY: install test check demo bench clean
+
+install: $(STAMP)
+
+# Reinstalls only when the project's metadata changed: a no-op `make install` takes well under 2 s.
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[all,dev]'
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+check: install
+	$(BIN)/ruff check src tests bench examples
+	$(BIN)/ruff format --check src tests bench examples
+	$(BIN)/mypy
+	$(BIN)/python -m pytest -q -p no:randomly tests/test_layout.py
+
+demo: install
+	$(BIN)/python examples/crash_demo.py
+
+bench: install
+	$(BIN)/python bench/engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,234 @@
+"""The App: where workflows and steps are registered, runs are started and looked up, and the
+in-process worker lives (`async with app:`).
+
+A thin facade over the engine: it validates what callers pass, then calls the store, the worker
+and the handles. It holds no execution logic and imports no backend directly.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+
+from tether.clock import Clock, SystemClock
+from tether.core.engine import Engine, Settings
+from tether.core.handle import RunHandle, RunInfo
+from tether.core.retry import Retry
+from tether.core.step import Step
+from tether.core.worker import Worker
+from tether.core.workflow import Workflow
+from tether.errors import ConfigurationError, IdempotencyConflict, RunNotFound
+from tether.serde import DEFAULT_MAX_PAYLOAD, Serde
+from tether.store import default_url, store_from_url
+from tether.store.base import NewRun, RunStatus, Store
+
+if TYPE_CHECKING:
+    from tether.sync import SyncApp
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _env_flag(name: str) -> bool:
+    import os
+
+    return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+class App:
+    """A Tether application on one database: `App()` uses ./tether.db or $TETHER_DATABASE_URL."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        store: Store | None = None,
+        clock: Clock | None = None,
+        max_payload: int = DEFAULT_MAX_PAYLOAD,
+        lease_duration: timedelta = timedelta(seconds=15),
+        concurrency: int = 1000,
+        force_replay: bool | None = None,
+    ) -> None:
+        if lease_duration <= timedelta(0) or concurrency < 1:
+            raise ConfigurationError(
+                f"lease_duration must be positive and concurrency >= 1 "
+                f"(got {lease_duration!r}, {concurrency!r})")
+        self.url = store.url if store is not None else (url or default_url())
+        settings = Settings(
+            lease_duration=lease_duration.total_seconds(),
+            concurrency=concurrency,
+            force_replay=_env_flag("TETHER_FORCE_REPLAY") if force_replay is None
+            else force_replay,
+        )
+        self.engine = Engine(
+            store=store if store is not None else store_from_url(self.url),
+            serde=Serde(max_payload=max_payload),
+            clock=clock or SystemClock(),
+            settings=settings,
+        )
+        self._opened = False
+        self._worker: Worker | None = None
+
+    def __repr__(self) -> str:
+        return f"<tether.App {self.url!r}>"
+
+    # -- registration -----------------------------------------------------------------------
+
+    @overload
+    def workflow(self, fn: Callable[P, Awaitable[R]], /) -> Workflow[P, R]: ...
+    @overload
+    def workflow(
+        self, *, name: str | None = None, timeout: timedelta | None = None
+    ) -> Callable[[Callable[P, Awaitable[R]]], Workflow[P, R]]: ...
+
+    def workflow(
+        self, fn: Callable[P, Awaitable[R]] | None = None, /, *, name: str | None = None,
+        timeout: timedelta | None = None,
+    ) -> Workflow[P, R] | Callable[[Callable[P, Awaitable[R]]], Workflow[P, R]]:
+        """Register an `async def` as a workflow: deterministic code that calls steps."""
+
+        def register(f: Callable[P, Awaitable[R]]) -> Workflow[P, R]:
+            wf = Workflow(f, name=name or f.__name__, timeout=timeout)
+            if wf.name in self.engine.workflows:
+                raise ConfigurationError(
+                    f"two workflows are named {wf.name!r}; pass name= to tell them apart")
+            self.engine.workflows[wf.name] = wf  # type: ignore[assignment]
+            return wf
+
+        return register(fn) if fn is not None else register
+
+    @overload
+    def step(self, fn: Callable[P, Awaitable[R]], /) -> Step[P, R]: ...
+    @overload
+    def step(self, fn: Callable[P, R], /) -> Step[P, R]: ...
+    @overload
+    def step(
+        self, *, name: str | None = None, retry: Retry | None = None,
+        timeout: timedelta | None = None, at_most_once: bool = False,
+        reconcile: Callable[..., object] | None = None,
+    ) -> Callable[[Callable[P, Any]], Step[P, Any]]: ...
+
+    def step(
+        self, fn: Callable[P, Any] | None = None, /, *, name: str | None = None,
+        retry: Retry | None = None, timeout: timedelta | None = None,
+        at_most_once: bool = False, reconcile: Callable[..., object] | None = None,
+    ) -> Step[P, Any] | Callable[[Callable[P, Any]], Step[P, Any]]:
+        """Register a function (def or async def) as a step: its result is checkpointed."""
+
+        def register(f: Callable[P, Any]) -> Step[P, Any]:
+            return Step(f, name=name or f.__name__, retry=retry, timeout=timeout,
+                        at_most_once=at_most_once, reconcile=reconcile)
+
+        return register(fn) if fn is not None else register
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Connect to the database and migrate its schema (done on first use anyway)."""
+        if not self._opened:
+            await self.engine.store.open()
+            self._opened = True
+
+    async def close(self) -> None:
+        if self._worker is not None:
+            await self._worker.stop()
+            self._worker = None
+        if self._opened:
+            await self.engine.store.close()
+            self._opened = False
+
+    async def __aenter__(self) -> App:
+        await self.open()
+        if self._worker is None:
+            worker = Worker(self.engine)
+            await worker.start()
+            self._worker = worker
+        return self
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    @property
+    def sync(self) -> SyncApp:
+        """The blocking twin of this App, for callers without an event loop."""
+        from tether.sync import SyncApp
+
+        return SyncApp(self)
+
+    # -- runs -------------------------------------------------------------------------------
+
+    def _workflow(self, workflow: Workflow[..., Any] | str) -> Workflow[..., Any]:
+        name = workflow if isinstance(workflow, str) else getattr(workflow, "name", None)
+        found = self.engine.workflows.get(name) if isinstance(name, str) else None
+        if found is None or (not isinstance(workflow, str) and found is not workflow):
+            raise ConfigurationError(
+                f"{workflow!r} is not a workflow of this App; decorate it with @app.workflow() "
+                f"(known: {sorted(self.engine.workflows)})")
+        return found
+
+    def _handle(self, run_id: str) -> RunHandle[Any]:
+        return RunHandle(self.engine, run_id, cancel_local=self._cancel_local)
+
+    def _cancel_local(self, run_id: str) -> None:
+        if self._worker is not None:
+            self._worker.cancel(run_id)
+
+    async def start(
+        self, workflow: Workflow[..., R] | str, *args: Any, id: str | None = None,  # noqa: A002
+        **kwargs: Any,
+    ) -> RunHandle[R]:
+        """Start a run; `id` is its idempotency key: the same id returns the same run."""
+        wf = self._workflow(workflow)
+        if id is not None and (not isinstance(id, str) or not id or len(id) > 512):
+            raise ConfigurationError(f"a run id must be a non-empty str of <= 512 chars: {id!r}")
+        run_id = id or secrets.token_hex(16)
+        engine = self.engine
+        text = wf.encode_args(engine.serde, args, kwargs)
+        await self.open()
+        now = engine.clock.now()
+        deadline = None if wf.timeout is None else now + wf.timeout.total_seconds()
+        worker = self._worker if self._worker is not None and self._worker.has_capacity() else None
+        lease_until = now + engine.settings.lease_duration
+        record, created = await engine.store.create_run(
+            NewRun(run_id, wf.name, text, deadline), now,
+            owner=worker.id if worker else None, lease_until=lease_until if worker else None)
+        if not created:
+            same = record.workflow == wf.name and (
+                record.args == text or engine.serde.loads(record.args) == engine.serde.loads(text))
+            if not same:
+                raise IdempotencyConflict(
+                    f"run {run_id!r} exists as {record.workflow}({record.args[:200]}), not "
+                    f"{wf.name}({text[:200]}); start with a new id or the same arguments")
+        elif worker is not None:
+            worker.launch(record, history=[])
+        elif self._worker is not None:
+            self._worker.notify()
+        return self._handle(run_id)
+
+    async def get(self, run_id: str) -> RunHandle[Any]:
+        """A handle on an existing run; raises RunNotFound."""
+        await self.open()
+        if await self.engine.store.get_run(run_id) is None:
+            raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
+        return self._handle(run_id)
+
+    async def list_runs(
+        self, *, status: RunStatus | str | list[RunStatus | str] | None = None,
+        workflow: str | None = None, limit: int = 100,
+    ) -> list[RunInfo]:
+        """Runs, newest first."""
+        wanted = [] if status is None else [status] if isinstance(status, str) else status
+        try:
+            statuses = [RunStatus(s) for s in wanted]
+        except ValueError:
+            raise ConfigurationError(
+                f"unknown status in {wanted!r}; use {[s.value for s in RunStatus]}") from None
+        await self.open()
+        records = await self.engine.store.list_runs(statuses=statuses, workflow=workflow,
+                                                    limit=limit)
+        return [RunInfo.of(r) for r in records]

@@ -1,0 +1,216 @@
+"""The ambient state of a run being executed, and the control-flow signals that unwind it.
+
+A RunContext lives in a context variable inside the run's task: workflow code and the recorded
+helpers (now, uuid4, random) find their run through it, steps their idempotency key through a
+StepContext. It does no I/O except through the RunContext's engine, and holds no policy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import uuid
+from collections import Counter
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tether.errors import LeaseLost, NonDeterminismError, NotInWorkflow
+from tether.store.base import Checkpoint, CheckpointStatus, Lease
+
+if TYPE_CHECKING:
+    from tether.core.engine import Engine
+
+
+class _Signal(BaseException):
+    """Base of Tether's control-flow signals. They derive from BaseException so that user code's
+    `except Exception` cannot swallow them; user code must never catch them (nor BaseException)."""
+
+
+class Suspend(_Signal):
+    """The run releases its worker until wake_at (a durable retry delay, a timer)."""
+
+    def __init__(self, wake_at: float | None) -> None:
+        super().__init__(wake_at)
+        self.wake_at = wake_at
+
+
+class ReplayNow(_Signal):
+    """Forced-replay mode: restart the workflow from the store after a new checkpoint."""
+
+
+class Abandon(_Signal):
+    """The run cannot go on here: the lease was lost, or replay diverged from the history."""
+
+    def __init__(self, cause: LeaseLost | NonDeterminismError) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+@dataclass(slots=True)
+class StepContext:
+    run_id: str
+    name: str
+    attempt: int
+
+    @property
+    def idempotency_key(self) -> str:
+        return idempotency_key_for(self.run_id, self.name)
+
+
+def idempotency_key_for(run_id: str, checkpoint_name: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256(f"{len(run_id)}:{run_id}:{checkpoint_name}".encode()).hexdigest()
+    return f"tether-{digest[:40]}"
+
+
+@dataclass(slots=True)
+class RunContext:
+    """One execution (or replay) of one run by this worker."""
+
+    engine: Engine
+    run_id: str
+    workflow: str
+    lease: Lease
+    history: dict[int, Checkpoint]
+    next_seq: int = 0
+    occurrences: Counter[str] = field(default_factory=Counter)
+    requested: list[str] = field(default_factory=list)
+    pending: list[Checkpoint] = field(default_factory=list)  # recorded helpers not yet written
+    inflight: int = 0  # step bodies executing now
+    settled: asyncio.Event = field(default_factory=asyncio.Event)
+    abandoned: BaseException | None = None
+
+    def __post_init__(self) -> None:
+        self.settled.set()
+
+    def slot(self, base: str, kind: str) -> tuple[int, str, Checkpoint | None]:
+        """The next position in the history for a checkpoint named `base`, and what is recorded
+        there. Raises Abandon(NonDeterminismError) if the history holds another name there."""
+        self.occurrences[base] += 1
+        count = self.occurrences[base]
+        name = base if count == 1 else f"{base}#{count}"
+        seq = self.next_seq
+        self.next_seq += 1
+        self.requested.append(name)
+        recorded = self.history.get(seq)
+        if recorded is not None and (recorded.name != name or recorded.kind != kind):
+            raise Abandon(self.divergence(seq))
+        return seq, name, recorded
+
+    def divergence(self, seq: int) -> NonDeterminismError:
+        recorded = [c.name for _, c in sorted(self.history.items())]
+        at = self.history.get(seq)
+        what = (
+            f"recorded {at.name!r} at position {seq}, this code asked for {self.requested[seq]!r}"
+            if at is not None and seq < len(self.requested)
+            else f"this code stopped after {len(self.requested)} checkpoints"
+        )
+        return NonDeterminismError(
+            f"run {self.run_id!r} of workflow {self.workflow!r} no longer replays: {what}. "
+            f"Recorded: {recorded}; requested: {self.requested}. Gate the change with "
+            f"tether.patched(...) or let old runs finish on the old code.",
+            recorded=recorded,
+            requested=list(self.requested),
+        )
+
+    def unreplayed(self) -> int | None:
+        """The first recorded position this execution never asked for, if any."""
+        missing = [seq for seq in self.history if seq >= self.next_seq]
+        return min(missing) if missing else None
+
+    async def write(self, checkpoint: Checkpoint) -> None:
+        """Write a checkpoint durably (with any recorded helpers queued before it)."""
+        if self.abandoned is not None:
+            raise self.abandoned
+        now = self.engine.clock.now()
+        try:
+            if self.pending:
+                pending, self.pending = self.pending, []
+                await asyncio.gather(
+                    *(self.engine.store.write_checkpoint(self.lease, c, now) for c in pending)
+                )
+            await self.engine.store.write_checkpoint(self.lease, checkpoint, now)
+        except LeaseLost as exc:
+            self.abandoned = Abandon(exc)
+            raise self.abandoned from None
+        self.history[checkpoint.seq] = checkpoint
+
+    async def flush(self) -> None:
+        """Write the recorded helpers still queued (before a step body runs or the run ends)."""
+        while self.pending:
+            last = self.pending.pop()
+            await self.write(last)
+
+    def enter_body(self) -> None:
+        self.inflight += 1
+        self.settled.clear()
+
+    def leave_body(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self.settled.set()
+
+
+_RUN: ContextVar[RunContext | None] = ContextVar("tether_run", default=None)
+_STEP: ContextVar[StepContext | None] = ContextVar("tether_step", default=None)
+
+
+def current_run(helper: str) -> RunContext:
+    ctx = _RUN.get()
+    if ctx is None or _STEP.get() is not None:
+        raise NotInWorkflow(
+            f"tether.{helper}() only works inside a running workflow (not in a step or outside "
+            f"a run); inside a step use ordinary Python, its result is recorded as a whole"
+        )
+    return ctx
+
+
+def current_step() -> StepContext | None:
+    return _STEP.get()
+
+
+def _recorded(helper: str, make: Any) -> Any:
+    ctx = current_run(helper)
+    seq, name, recorded = ctx.slot(helper, helper)
+    serde = ctx.engine.serde
+    if recorded is not None:
+        return serde.loads(recorded.result or "null")
+    value = make()
+    text = serde.dumps(value, what=f"tether.{helper}()")
+    now = ctx.engine.clock.now()
+    ctx.pending.append(
+        Checkpoint(seq=seq, name=name, kind=helper, status=CheckpointStatus.COMPLETED,
+                   result=text, attempts=1, started_at=now, finished_at=now)
+    )
+    return serde.loads(text)
+
+
+def now_seconds() -> float:
+    ctx = current_run("now")
+    return float(_recorded("now", ctx.engine.clock.now))
+
+
+def uuid4() -> uuid.UUID:
+    """A random UUID, recorded: the same value when the run replays."""
+    value = _recorded("uuid4", lambda: uuid.UUID(bytes=secrets.token_bytes(16), version=4))
+    assert isinstance(value, uuid.UUID)
+    return value
+
+
+def random() -> float:
+    """A random float in [0, 1), recorded: the same value when the run replays."""
+    return float(_recorded("random", lambda: secrets.randbits(53) / (1 << 53)))
+
+
+def idempotency_key() -> str:
+    """A key for the current step's side effect: the same across its attempts and replays,
+    different for every other step and run. Pass it to the receiver of the effect."""
+    step = _STEP.get()
+    if step is None:
+        raise NotInWorkflow(
+            "tether.idempotency_key() only works inside a step of a running workflow; "
+            "call it from the step that performs the side effect"
+        )
+    return step.idempotency_key

@@ -1,0 +1,129 @@
+"""A handle on one run, for callers outside it: its status, its result, cancelling it.
+
+It reads the run through the Store and waits on this process's wake-ups, with polling as the
+fallback for runs that another process executes. It never executes or writes checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+from tether.clock import to_datetime
+from tether.core.engine import Engine
+from tether.core.runner import CANCELLED_ERROR
+from tether.errors import RunCancelled, RunFailed, RunNotFound, WaitTimeout
+from tether.store.base import Checkpoint, RunRecord, RunStatus
+
+R = TypeVar("R")
+
+_POLL = 0.25  # seconds between looks at a run that another process executes
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What is known of a run, for listings."""
+
+    id: str
+    workflow: str
+    status: RunStatus
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    error: dict[str, Any] | None
+    owner: str | None
+    attempt: int  # how many times a worker has claimed the run (its lease epoch)
+
+    @classmethod
+    def of(cls, record: RunRecord) -> RunInfo:
+        return cls(
+            id=record.id, workflow=record.workflow, status=record.status,
+            created_at=to_datetime(record.created_at), updated_at=to_datetime(record.updated_at),
+            finished_at=None if record.finished_at is None else to_datetime(record.finished_at),
+            error=None if record.error is None else json.loads(record.error),
+            owner=record.owner, attempt=record.epoch,
+        )
+
+
+class RunHandle(Generic[R]):
+    """A run, by id. `await handle.result()` waits for it to end."""
+
+    def __init__(self, engine: Engine, run_id: str, *, cancel_local: Any = None) -> None:
+        self._engine = engine
+        self.id = run_id
+        self._cancel_local = cancel_local
+
+    def __repr__(self) -> str:
+        return f"<tether run {self.id!r}>"
+
+    async def _record(self) -> RunRecord:
+        record = await self._engine.store.get_run(self.id)
+        if record is None:
+            raise RunNotFound(f"no run has id {self.id!r}; check the id with `tether runs list`")
+        return record
+
+    async def info(self) -> RunInfo:
+        return RunInfo.of(await self._record())
+
+    async def status(self) -> RunStatus:
+        return (await self._record()).status
+
+    async def checkpoints(self) -> list[Checkpoint]:
+        """The run's recorded history, in the order the workflow asked for it."""
+        await self._record()
+        return await self._engine.store.load_history(self.id)
+
+    async def result(self, timeout: float | timedelta | None = None) -> R:
+        """Wait for the run to end and return its result. Raises RunFailed or RunCancelled for
+        runs that ended so, and WaitTimeout (the run goes on) if `timeout` runs out first."""
+        engine = self._engine
+        limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        loop = asyncio.get_running_loop()
+        deadline = None if limit is None else loop.time() + limit
+        while True:
+            # Register before reading, so an end in between still wakes us.
+            future: asyncio.Future[None] = loop.create_future()
+            engine.wakeups.setdefault(self.id, []).append(future)
+            try:
+                record = await self._record()
+                if record.status.terminal:
+                    return self._outcome(record)
+                wait = _POLL if deadline is None else min(_POLL, deadline - loop.time())
+                if wait <= 0:
+                    raise WaitTimeout(
+                        f"run {self.id!r} did not end within {limit}s (it is {record.status}); "
+                        f"it goes on: wait again or check `tether runs show {self.id}`")
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(wait):
+                        await future
+            finally:
+                waiters = engine.wakeups.get(self.id)
+                if waiters is not None and future in waiters:
+                    waiters.remove(future)
+                    if not waiters:
+                        del engine.wakeups[self.id]
+
+    def _outcome(self, record: RunRecord) -> R:
+        if record.status is RunStatus.SUCCEEDED:
+            workflow = self._engine.workflows.get(record.workflow)
+            hint = workflow.return_hint if workflow is not None else Any
+            return self._engine.serde.loads(  # type: ignore[no-any-return]
+                record.result or "null", hint, what=f"result of run {self.id!r}")
+        error = json.loads(record.error) if record.error else None
+        if record.status is RunStatus.CANCELLED:
+            raise RunCancelled(self.id, error)
+        raise RunFailed(self.id, error)
+
+    async def cancel(self) -> None:
+        """Cancel the run: a waiting or pending run ends at once; a running one at its next
+        await. Cancelling a finished run changes nothing."""
+        record = await self._engine.store.cancel_run(self.id, CANCELLED_ERROR,
+                                                     self._engine.clock.now())
+        if record.status.terminal:
+            self._engine.run_ended(self.id)
+        elif record.cancel_requested and self._cancel_local is not None:
+            self._cancel_local(self.id)

@@ -1,0 +1,232 @@
+"""A registered step and how one step call inside a run executes: replay, attempts, retries,
+timeouts, at-most-once markers and reconciliation.
+
+Every outcome is recorded before the workflow sees it; on replay the recorded outcome is returned
+or re-raised without running the body. Store access goes through the RunContext only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import inspect
+import json
+import secrets
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import timedelta
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from tether.core.context import _RUN, _STEP, ReplayNow, RunContext, StepContext, Suspend
+from tether.core.retry import Retry
+from tether.core.workflow import type_hints
+from tether.errors import ConfigurationError, StepOutcomeUnknown, StepTimeout
+from tether.serde import encode_error, rebuild_error
+from tether.store.base import Checkpoint, CheckpointStatus
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+DEFAULT_RETRY = Retry()
+
+
+class _NotDone:
+    """Returned by a reconcile hook: the effect did not happen, so the step body runs."""
+
+    _instance: _NotDone | None = None
+
+    def __new__(cls) -> _NotDone:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "tether.NOT_DONE"
+
+
+NOT_DONE = _NotDone()
+
+
+class Step(Generic[P, R]):
+    """A function whose result is checkpointed. Await it inside a workflow; outside a workflow
+    awaiting it simply runs the function."""
+
+    def __init__(
+        self,
+        fn: Callable[P, Awaitable[R]] | Callable[P, R],
+        *,
+        name: str,
+        retry: Retry | None,
+        timeout: timedelta | None,
+        at_most_once: bool,
+        reconcile: Callable[..., object] | None,
+    ) -> None:
+        if retry is not None and not isinstance(retry, Retry):
+            raise ConfigurationError(f"retry= takes a tether.Retry, not {retry!r}")
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise ConfigurationError(f"step timeout must be a positive timedelta, not {timeout!r}")
+        if reconcile is not None and not at_most_once:
+            raise ConfigurationError(
+                f"step {name!r}: reconcile= only applies with at_most_once=True"
+            )
+        self.fn = fn
+        self.name = name
+        self.retry = retry or DEFAULT_RETRY
+        self.timeout = None if timeout is None else timeout.total_seconds()
+        self.at_most_once = at_most_once
+        self.reconcile = reconcile
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.return_hint: object = type_hints(fn).get("return", Any)
+        self.__name__ = getattr(fn, "__name__", name)
+        self.__qualname__ = getattr(fn, "__qualname__", name)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<tether step {self.name!r}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Coroutine[Any, Any, R]:
+        ctx = _RUN.get()
+        if ctx is None or _STEP.get() is not None:
+            # Outside a run, or nested inside another step: an ordinary call, not a checkpoint.
+            return self._plain(args, kwargs)
+        # The slot is taken at call time, so concurrent calls keep their source order.
+        seq, name, recorded = ctx.slot(self.name, "step")
+        return _execute(self, ctx, seq, name, recorded, args, kwargs)
+
+    async def _plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+        result = self.fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            return await result  # type: ignore[no-any-return]
+        return result
+
+
+async def _execute(
+    step: Step[..., R], ctx: RunContext, seq: int, name: str, recorded: Checkpoint | None,
+    args: tuple[Any, ...], kwargs: dict[str, Any],
+) -> R:
+    serde = ctx.engine.serde
+    what = f"result of step {name!r}"
+    attempts = 0
+    if recorded is not None:
+        if recorded.status is CheckpointStatus.COMPLETED:
+            return serde.loads(recorded.result or "null", step.return_hint, what=what)  # type: ignore[return-value]
+        if recorded.status is CheckpointStatus.FAILED:
+            raise rebuild_error(json.loads(recorded.error or "{}"))
+        attempts = recorded.attempts
+        if recorded.status is CheckpointStatus.RETRYING and recorded.retry_at is not None:
+            await _wait_until(ctx, recorded.retry_at)
+        elif recorded.status is CheckpointStatus.STARTED:
+            outcome = await _reconcile(step, ctx, seq, name, attempts, args, kwargs)
+            if outcome is not NOT_DONE:
+                return outcome  # type: ignore[return-value]
+    await ctx.flush()
+    clock = ctx.engine.clock
+    while True:
+        attempts += 1
+        started = clock.now()
+        if step.at_most_once:
+            await ctx.write(Checkpoint(seq=seq, name=name, kind="step", attempts=attempts,
+                                       status=CheckpointStatus.STARTED, started_at=started))
+        ctx.enter_body()
+        try:
+            value = await _run_body(step, ctx.run_id, name, attempts, args, kwargs)
+            text = serde.dumps(value, what=what)
+        except Exception as exc:
+            error = exc if not isinstance(exc, TimeoutError) else StepTimeout(
+                f"step {name!r} attempt {attempts} ran past its timeout of {step.timeout}s; "
+                f"raise timeout= or make the step faster")
+            if step.retry.retries(error, attempts):
+                delay = step.retry.delay(attempts, secrets.randbits(32) / (1 << 32))
+                retry_at = clock.now() + delay
+                await ctx.write(Checkpoint(
+                    seq=seq, name=name, kind="step", status=CheckpointStatus.RETRYING,
+                    error=json.dumps(encode_error(error)), attempts=attempts,
+                    started_at=started, finished_at=clock.now(), retry_at=retry_at))
+                await _wait_until(ctx, retry_at)
+                continue
+            await ctx.write(Checkpoint(
+                seq=seq, name=name, kind="step", status=CheckpointStatus.FAILED,
+                error=json.dumps(encode_error(error)), attempts=attempts, started_at=started,
+                finished_at=clock.now()))
+            _replay_if_forced(ctx)
+            if error is exc:
+                raise
+            raise error from exc
+        finally:
+            ctx.leave_body()
+        await ctx.write(Checkpoint(
+            seq=seq, name=name, kind="step", status=CheckpointStatus.COMPLETED, result=text,
+            attempts=attempts, started_at=started, finished_at=clock.now()))
+        _replay_if_forced(ctx)
+        return serde.loads(text, step.return_hint, what=what)  # type: ignore[return-value]
+
+
+def _replay_if_forced(ctx: RunContext) -> None:
+    if ctx.engine.settings.force_replay:
+        raise ReplayNow()
+
+
+async def _run_body(
+    step: Step[..., Any], run_id: str, name: str, attempt: int, args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    step_ctx = StepContext(run_id=run_id, name=name, attempt=attempt)
+    if step.is_async:
+        token = _STEP.set(step_ctx)
+        try:
+            async with asyncio.timeout(step.timeout):
+                return await step.fn(*args, **kwargs)  # type: ignore[misc]
+        finally:
+            _STEP.reset(token)
+    context = contextvars.copy_context()
+    context.run(_STEP.set, step_ctx)
+    call = functools.partial(context.run, step.fn, *args, **kwargs)
+    # A sync body runs in a thread; on timeout the thread cannot be stopped, only abandoned.
+    async with asyncio.timeout(step.timeout):
+        return await asyncio.get_running_loop().run_in_executor(None, call)
+
+
+async def _reconcile(
+    step: Step[..., Any], ctx: RunContext, seq: int, name: str, attempts: int,
+    args: tuple[Any, ...], kwargs: dict[str, Any],
+) -> object:
+    """An at-most-once step was started and never finished: ask the hook what happened."""
+    clock = ctx.engine.clock
+    if step.reconcile is None:
+        error = StepOutcomeUnknown(
+            f"at-most-once step {name!r} of run {ctx.run_id!r} started (attempt {attempts}) but "
+            f"its outcome was never recorded; check whether its effect happened (idempotency "
+            f"key {StepContext(ctx.run_id, name, attempts).idempotency_key}), then resume or "
+            f"fail the run. A reconcile= hook on the step automates this.")
+        await ctx.write(Checkpoint(
+            seq=seq, name=name, kind="step", status=CheckpointStatus.FAILED,
+            error=json.dumps(encode_error(error)), attempts=attempts, finished_at=clock.now()))
+        raise error
+    token = _STEP.set(StepContext(run_id=ctx.run_id, name=name, attempt=attempts))
+    try:
+        outcome = step.reconcile(*args, **kwargs)
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+    finally:
+        _STEP.reset(token)
+    if outcome is NOT_DONE:
+        return NOT_DONE
+    serde = ctx.engine.serde
+    text = serde.dumps(outcome, what=f"reconciled result of step {name!r}")
+    await ctx.write(Checkpoint(
+        seq=seq, name=name, kind="step", status=CheckpointStatus.COMPLETED, result=text,
+        attempts=attempts, finished_at=clock.now()))
+    return serde.loads(text, step.return_hint)
+
+
+async def _wait_until(ctx: RunContext, when: float) -> None:
+    """Wait durably: short waits keep the lease; longer ones release the run until `when`."""
+    clock = ctx.engine.clock
+    remaining = when - clock.now()
+    if remaining <= 0:
+        return
+    if remaining > ctx.engine.settings.inline_wait_max:
+        raise Suspend(when)
+    await clock.sleep(remaining)
+

@@ -1,0 +1,137 @@
+"""The worker: claims runnable runs, executes each with a Runner, and keeps their leases alive.
+
+At start it recovers the runs of dead workers on the same host at once; while it runs, a
+heartbeat extends its leases, learns which it lost and which were asked to cancel, and looks
+for newly dead local workers. It never executes workflow code itself (the runner does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from tether.core.engine import Engine
+from tether.core.lease import process_alive, this_worker
+from tether.core.runner import Runner
+from tether.store.base import Checkpoint, Lease, RunRecord
+
+log = logging.getLogger("tether.worker")
+
+
+class Worker:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.info = this_worker(engine.clock.now())
+        self.id = self.info.id
+        self.runners: dict[str, Runner] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def lease_duration(self) -> float:
+        return self.engine.settings.lease_duration
+
+    async def start(self) -> None:
+        store, now = self.engine.store, self.engine.clock.now()
+        await store.register_worker(self.info, now)
+        await self.recover_local()
+        self._tasks = [
+            asyncio.create_task(self._claim_loop(), name="tether-claim"),
+            asyncio.create_task(self._heartbeat_loop(), name="tether-heartbeat"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop executing: in-flight runs are interrupted and released for the next worker."""
+        for task in self._tasks:
+            task.cancel()
+        runner_tasks = [r.task for r in self.runners.values() if r.task is not None]
+        for task in runner_tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, *runner_tasks, return_exceptions=True)
+        self._tasks = []
+        with contextlib.suppress(Exception):
+            await self.engine.store.release_worker(self.id, self.engine.clock.now())
+
+    def notify(self) -> None:
+        """Look for work now (a run was created or released somewhere in this process)."""
+        self._wake.set()
+
+    def has_capacity(self) -> bool:
+        return len(self.runners) < self.engine.settings.concurrency
+
+    def launch(self, record: RunRecord, history: list[Checkpoint] | None = None) -> None:
+        """Execute a run this worker has just claimed (epoch in the record)."""
+        lease = Lease(record.id, self.id, record.epoch)
+        runner = Runner(self.engine, record, lease, history)
+        self.runners[record.id] = runner
+        runner.task = asyncio.create_task(runner.run(), name=f"tether-run-{record.id}")
+        runner.task.add_done_callback(lambda _: self._finished(record.id, runner))
+
+    def _finished(self, run_id: str, runner: Runner) -> None:
+        if self.runners.get(run_id) is runner:
+            del self.runners[run_id]
+        self._wake.set()  # capacity freed, or a suspended run may be due soon
+
+    def cancel(self, run_id: str) -> bool:
+        runner = self.runners.get(run_id)
+        if runner is None:
+            return False
+        runner.request_cancel()
+        return True
+
+    async def recover_local(self) -> None:
+        """Release the runs of dead workers on this host, so they resume without waiting."""
+        store = self.engine.store
+        for worker in await store.list_workers(self.info.host):
+            if worker.id != self.id and not process_alive(worker.pid, worker.pid_token):
+                released = await store.release_worker(worker.id, self.engine.clock.now())
+                if released:
+                    log.info("recovered %d run(s) of dead worker %s", len(released), worker.id)
+                    self._wake.set()
+
+    async def _claim_loop(self) -> None:
+        engine = self.engine
+        store, clock, settings = engine.store, engine.clock, engine.settings
+        while True:
+            self._wake.clear()
+            names = list(engine.workflows)
+            try:
+                capacity = settings.concurrency - len(self.runners)
+                if capacity > 0 and names:
+                    now = clock.now()
+                    for record in await store.claim_runs(
+                        self.id, names, now, now + self.lease_duration, capacity
+                    ):
+                        self.launch(record)
+                wake_at = await store.next_wake_at(names) if names else None
+            except Exception:
+                log.exception("claiming runs failed; retrying in %ss", settings.poll_interval)
+                wake_at = None
+            timeout = settings.poll_interval
+            if wake_at is not None:
+                timeout = min(timeout, max(0.0, wake_at - clock.now()) + 0.001)
+            # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+
+    async def _heartbeat_loop(self) -> None:
+        engine = self.engine
+        while True:
+            await asyncio.sleep(self.lease_duration / 3)
+            try:
+                now = engine.clock.now()
+                leases = [r.lease for r in self.runners.values()]
+                reply = await engine.store.heartbeat(self.id, leases, now + self.lease_duration,
+                                                     now)
+                for run_id in reply.lost:
+                    runner = self.runners.get(run_id)
+                    if runner is not None and runner.task is not None:
+                        log.warning("lost the lease on run %r; stopped executing it", run_id)
+                        runner.task.cancel()
+                for run_id in reply.cancel:
+                    self.cancel(run_id)
+                await self.recover_local()
+            except Exception:
+                log.exception("heartbeat failed; retrying")

@@ -1,0 +1,82 @@
+"""A registered workflow: the decorated async function, its name, its hints and its timeout.
+
+Turns call arguments into the stored JSON and back (by the function's type hints). It does not
+execute runs: the runner does.
+"""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from tether.errors import ConfigurationError, SerializationError
+from tether.serde import Serde
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def type_hints(fn: Callable[..., object]) -> dict[str, object]:
+    try:
+        return typing.get_type_hints(fn)
+    except Exception:  # unresolvable forward references: fall back to untyped JSON
+        return {}
+
+
+class Workflow(Generic[P, R]):
+    """A workflow registered with an App. Start it with `await app.start(workflow, ...)`."""
+
+    def __init__(
+        self, fn: Callable[P, Awaitable[R]], *, name: str, timeout: timedelta | None
+    ) -> None:
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigurationError(
+                f"@app.workflow() needs an `async def` function; {fn.__qualname__} is not one"
+            )
+        if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
+            raise ConfigurationError(f"workflow timeout must be a positive timedelta, not {timeout!r}")
+        self.fn = fn
+        self.name = name
+        self.timeout = timeout
+        self.signature = inspect.signature(fn)
+        hints = type_hints(fn)
+        self.return_hint: object = hints.pop("return", Any)
+        self.param_hints = hints
+        self.__name__ = fn.__name__
+        self.__qualname__ = fn.__qualname__
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __repr__(self) -> str:
+        return f"<tether workflow {self.name!r}>"
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
+        raise ConfigurationError(
+            f"workflow {self.name!r} is not called directly: start a run with "
+            f"`await app.start({self.name}, ...)`"
+        )
+
+    def encode_args(self, serde: Serde, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        try:
+            self.signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            raise ConfigurationError(
+                f"arguments do not fit workflow {self.name}{self.signature}: {exc}"
+            ) from None
+        return serde.dumps({"args": list(args), "kwargs": kwargs}, what=f"arguments of {self.name}")
+
+    def decode_args(self, serde: Serde, text: str) -> tuple[list[Any], dict[str, Any]]:
+        raw = serde.loads(text, what=f"arguments of {self.name}")
+        if not isinstance(raw, dict) or not isinstance(raw.get("args"), list):
+            raise SerializationError(f"stored arguments of {self.name} are malformed: {text[:200]}")
+        bound = self.signature.bind(*raw["args"], **raw.get("kwargs", {}))
+        for key, value in list(bound.arguments.items()):
+            hint = self.param_hints.get(key)
+            param = self.signature.parameters[key]
+            if hint is None or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                continue
+            bound.arguments[key] = serde.convert(value, hint, what=f"argument {key!r} of {self.name}")
+        return list(bound.args), dict(bound.kwargs)

@@ -1,0 +1,162 @@
+"""The error tree of Tether, in one place; every error a user can see derives from TetherError.
+
+This module holds only exception classes; it imports nothing else from Tether. The class docstring
+is the default message, and every message says what was wrong and what to do next.
+
+    TetherError
+    ├── ConfigurationError          bad App/step/workflow arguments, unknown workflow, bad URL
+    ├── NotInWorkflow               a workflow-only helper called outside a running workflow
+    ├── IdempotencyConflict         an existing run id started again with other arguments
+    ├── RunNotFound                 no run with that id
+    ├── SerializationError          a value cannot be encoded or decoded as JSON
+    │   └── PayloadTooLarge         an encoded value is over the configured limit
+    ├── NonDeterminismError         replay asked for another sequence than the recorded history
+    ├── StepTimeout                 a step attempt ran past its timeout
+    ├── WorkflowTimeout             a run went past its workflow's timeout
+    ├── StepOutcomeUnknown          an at-most-once step started but its outcome was never recorded
+    ├── StepFailed                  a recorded step error whose original type cannot be rebuilt
+    ├── LeaseLost                   this worker no longer owns the run it tried to write
+    ├── StoreUnavailable            the database cannot be reached or written
+    ├── WaitTimeout                 a caller's local wait ran out; the run goes on
+    ├── RunFailed                   raised by handle.result() for a failed run
+    └── RunCancelled                raised by handle.result() for a cancelled run
+    PermanentError                  raise it (or a subclass) in a step to fail without retrying
+
+Control-flow signals (suspension, forced replay) live in ``tether.core.context``; they derive from
+BaseException so that user code's ``except Exception`` cannot swallow them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TetherError(Exception):
+    """Tether failed; the message says why and what to do."""
+
+    def __init__(self, message: str | None = None) -> None:
+        super().__init__(message or (type(self).__doc__ or type(self).__name__).strip())
+
+
+class ConfigurationError(TetherError):
+    """Tether was configured wrongly; check the arguments named in this message."""
+
+
+class NotInWorkflow(TetherError):
+    """This helper only works inside a running workflow (or step); call it from there."""
+
+
+class IdempotencyConflict(TetherError):
+    """A run with this id exists with other arguments; choose a new id or pass the same arguments."""
+
+
+class RunNotFound(TetherError):
+    """No run has this id; check the id or list runs with `tether runs list`."""
+
+
+class SerializationError(TetherError):
+    """A value cannot be stored as JSON; return dataclasses, pydantic models or JSON types."""
+
+
+class PayloadTooLarge(SerializationError):
+    """A value is over the payload limit; store it elsewhere and pass a reference instead."""
+
+
+class NonDeterminismError(TetherError):
+    """The workflow code asked for other steps than its recorded history; gate changes with
+    tether.patched() or let old runs finish on the old code."""
+
+    def __init__(
+        self, message: str | None = None, *, recorded: list[str] | None = None,
+        requested: list[str] | None = None,
+    ) -> None:
+        self.recorded = recorded or []
+        self.requested = requested or []
+        super().__init__(message)
+
+
+class StepTimeout(TetherError):
+    """A step attempt ran past its timeout; raise the timeout or make the step faster."""
+
+
+class WorkflowTimeout(TetherError):
+    """The run went past its workflow's timeout and was failed; raise the timeout if needed."""
+
+
+class StepOutcomeUnknown(TetherError):
+    """An at-most-once step started but its outcome was never recorded (the process died).
+    Check whether its effect happened, then resume or fail the run; a reconcile= hook
+    automates this."""
+
+
+class StepFailed(TetherError):
+    """A step failed with an error whose type could not be rebuilt on replay."""
+
+    def __init__(self, message: str | None = None, *, error_type: str = "") -> None:
+        self.error_type = error_type
+        super().__init__(message)
+
+
+class LeaseLost(TetherError):
+    """This worker lost its lease on the run (another worker adopted it); it stops executing it."""
+
+
+class StoreUnavailable(TetherError):
+    """The database cannot be reached or written; check the URL, the disk and permissions."""
+
+
+class WaitTimeout(TetherError):
+    """The local wait ran out before the run finished; the run itself goes on. Wait again later."""
+
+
+class _RunEnded(TetherError):
+    def __init__(self, run_id: str, error: dict[str, Any] | None, message: str) -> None:
+        self.run_id = run_id
+        self.error = error or {}
+        super().__init__(message)
+
+
+class RunFailed(_RunEnded):
+    """The run failed; `.error` holds the recorded error (type, message, traceback)."""
+
+    def __init__(self, run_id: str, error: dict[str, Any] | None = None) -> None:
+        err = error or {}
+        super().__init__(
+            run_id,
+            error,
+            f"run {run_id!r} failed: {err.get('type', 'Error')}: {err.get('message', '')}"
+            f" (see `tether runs show {run_id}`)",
+        )
+
+
+class RunCancelled(_RunEnded):
+    """The run was cancelled before it finished."""
+
+    def __init__(self, run_id: str, error: dict[str, Any] | None = None) -> None:
+        super().__init__(run_id, error, f"run {run_id!r} was cancelled")
+
+
+class PermanentError(Exception):
+    """Raise this (or a subclass) from a step to fail it at once: it is never retried."""
+
+
+__all__ = [
+    "ConfigurationError",
+    "IdempotencyConflict",
+    "LeaseLost",
+    "NonDeterminismError",
+    "NotInWorkflow",
+    "PayloadTooLarge",
+    "PermanentError",
+    "RunCancelled",
+    "RunFailed",
+    "RunNotFound",
+    "SerializationError",
+    "StepFailed",
+    "StepOutcomeUnknown",
+    "StepTimeout",
+    "StoreUnavailable",
+    "TetherError",
+    "WaitTimeout",
+    "WorkflowTimeout",
+]

@@ -1,0 +1,36 @@
+"""Backends behind the Store port, chosen by URL; this module only maps a URL to a backend.
+
+It imports a backend lazily, so `import tether` never pays for a database driver it does not use.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tether.errors import ConfigurationError
+from tether.store.base import Store
+
+DEFAULT_URL = "sqlite:///tether.db"
+
+
+def default_url() -> str:
+    return os.environ.get("TETHER_DATABASE_URL") or DEFAULT_URL
+
+
+def store_from_url(url: str) -> Store:
+    """A backend for `url`: sqlite:///relative.db, sqlite:////absolute.db, memory://."""
+    if url.startswith("memory:"):
+        from tether.store.memory import MemoryStore
+
+        return MemoryStore()
+    if url.startswith("sqlite:"):
+        from tether.store.sqlite import SqliteStore
+
+        return SqliteStore(url)
+    if url.startswith(("postgresql:", "postgres:")):
+        raise ConfigurationError(
+            f"the PostgreSQL backend is not available yet (url {url!r}); use sqlite:///file.db"
+        )
+    raise ConfigurationError(
+        f"unknown database URL {url!r}: use sqlite:///path/to/file.db or memory://"
+    )

@@ -1,0 +1,180 @@
+"""The Store port: the short list of atomic operations the engine needs from a database.
+
+Each operation is one transaction: it happens whole or not at all. Writes made on behalf of a run
+are fenced by a Lease (run id, worker id, epoch): a worker whose lease was taken over gets
+LeaseLost and must stop executing that run. Backends implement this Protocol and nothing more;
+all engine logic lives above it, once. Times are float seconds since the epoch (UTC); values
+(arguments, results, errors) are JSON text made by tether.serde, opaque to the store.
+This module must not import tether.core or any backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class RunStatus(StrEnum):
+    PENDING = "pending"  # created, not yet claimed (or released after a crash)
+    RUNNING = "running"  # owned by a worker through a lease
+    WAITING = "waiting"  # suspended until wake_at (timer, retry delay) or a wake-up
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+TERMINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class CheckpointStatus(StrEnum):
+    STARTED = "started"  # at-most-once marker: the body may have run, outcome unknown
+    RETRYING = "retrying"  # an attempt failed; the next one is due at retry_at
+    COMPLETED = "completed"
+    FAILED = "failed"  # final failure; replay re-raises the recorded error
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    id: str
+    workflow: str
+    status: RunStatus
+    args: str  # JSON of the positional and keyword arguments
+    result: str | None = None  # JSON, when succeeded
+    error: str | None = None  # JSON {type, message, traceback}, when failed or cancelled
+    owner: str | None = None  # worker id holding the lease
+    epoch: int = 0  # incremented by every claim; fences stale writers
+    lease_expires_at: float | None = None
+    wake_at: float | None = None  # a waiting run becomes claimable at this time
+    deadline_at: float | None = None  # the workflow's timeout, as an absolute time
+    cancel_requested: bool = False
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    finished_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    seq: int  # position in the run's history: the order in which the workflow asked for it
+    name: str  # "search_docs", "search_docs#2", "now#3"
+    kind: str  # "step", "now", "uuid4", "random", ...
+    status: CheckpointStatus
+    result: str | None = None  # JSON
+    error: str | None = None  # JSON {type, message, traceback}
+    attempts: int = 0
+    started_at: float | None = None
+    finished_at: float | None = None
+    retry_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    run_id: str
+    worker_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewRun:
+    id: str
+    workflow: str
+    args: str
+    deadline_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    id: str
+    host: str
+    pid: int
+    pid_token: str  # identifies this incarnation of the pid (process start time), against reuse
+    started_at: float = 0.0
+    heartbeat_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatReply:
+    lost: list[str]  # run ids whose lease this worker no longer holds
+    cancel: list[str]  # run ids it holds that someone asked to cancel
+
+
+class Store(Protocol):
+    """A database that Tether can run on. One method, one transaction."""
+
+    url: str
+
+    async def open(self) -> None:
+        """Connect and bring the schema to the current version (idempotent)."""
+
+    async def close(self) -> None:
+        """Finish pending writes and release connections."""
+
+    async def register_worker(self, worker: WorkerInfo, now: float) -> None:
+        """Insert or refresh this worker's row (host, pid, heartbeat)."""
+
+    async def list_workers(self, host: str | None = None) -> list[WorkerInfo]:
+        """Workers known to the database, optionally only those on one host."""
+
+    async def release_worker(self, worker_id: str, now: float) -> list[str]:
+        """Forget a dead worker: every run it leased becomes claimable now (its lease is
+        expired, its epoch kept so the next claim fences the dead owner). Returns their ids."""
+
+    async def heartbeat(
+        self, worker_id: str, leases: Sequence[Lease], lease_until: float, now: float
+    ) -> HeartbeatReply:
+        """Extend the leases this worker still holds to lease_until and refresh its row.
+        Reports leases it lost and runs it holds whose cancellation was requested."""
+
+    async def create_run(
+        self, run: NewRun, now: float, *, owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> tuple[RunRecord, bool]:
+        """Insert the run unless its id exists. Returns (the stored run, whether it was created).
+        With owner, a new run is created already claimed by that worker (epoch 1)."""
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        """The run with this id, or None."""
+
+    async def list_runs(
+        self, *, statuses: Sequence[RunStatus] = (), workflow: str | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        """Runs, newest first, filtered by status and workflow name."""
+
+    async def claim_runs(
+        self, worker_id: str, workflows: Sequence[str], now: float, lease_until: float,
+        limit: int,
+    ) -> list[RunRecord]:
+        """Take up to `limit` runnable runs of these workflows: pending ones due now, waiting
+        ones whose wake_at has come, running ones whose lease expired. Each claim sets the
+        owner, increments the epoch and sets status running. Oldest first."""
+
+    async def next_wake_at(self, workflows: Sequence[str]) -> float | None:
+        """The earliest future time at which a run of these workflows becomes claimable."""
+
+    async def load_history(self, run_id: str) -> list[Checkpoint]:
+        """The run's checkpoints, ordered by seq."""
+
+    async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
+        """Insert or replace the checkpoint at (run, seq). Raises LeaseLost if the lease is not
+        held. Durable when this returns."""
+
+    async def suspend_run(self, lease: Lease, wake_at: float | None, now: float) -> None:
+        """Release the run as waiting until wake_at. Raises LeaseLost if the lease is not held."""
+
+    async def finish_run(
+        self, lease: Lease, status: RunStatus, result: str | None, error: str | None,
+        now: float,
+    ) -> None:
+        """Record the run's final status and result or error; releases the lease.
+        Raises LeaseLost if the lease is not held."""
+
+    async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
+        """Cancel a run: one nobody holds ends cancelled at once (with this error); one that a
+        worker holds is flagged and its worker ends it. Finished runs are left as they are.
+        Raises RunNotFound."""

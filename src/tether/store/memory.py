@@ -1,0 +1,242 @@
+"""MemoryStore: the Store port answered from dicts in memory, for fast unit tests.
+
+It must give exactly the answers a real database backend gives (same fencing, same ordering,
+same edge cases), so tests written against it stay true on SQLite and PostgreSQL. Data lives as
+long as the object. It must not import tether.core or any other backend.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+
+from tether.errors import LeaseLost, RunNotFound
+from tether.store.base import (
+    Checkpoint,
+    HeartbeatReply,
+    Lease,
+    NewRun,
+    RunRecord,
+    RunStatus,
+    WorkerInfo,
+)
+
+
+class MemoryStore:
+    """An in-memory Store. Each method runs whole under one lock and never awaits inside."""
+
+    url: str = "memory://"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._runs: dict[str, RunRecord] = {}
+        self._history: dict[str, dict[int, Checkpoint]] = {}
+        self._workers: dict[str, WorkerInfo] = {}
+
+    async def open(self) -> None:
+        """Nothing to connect to."""
+
+    async def close(self) -> None:
+        """Nothing to release; the data stays while the object lives."""
+
+    # -- workers ------------------------------------------------------------------------------
+
+    async def register_worker(self, worker: WorkerInfo, now: float) -> None:
+        with self._lock:
+            old = self._workers.get(worker.id)
+            started_at = old.started_at if old is not None else now
+            self._workers[worker.id] = replace(worker, started_at=started_at, heartbeat_at=now)
+
+    async def list_workers(self, host: str | None = None) -> list[WorkerInfo]:
+        with self._lock:
+            workers = sorted(self._workers.values(), key=lambda w: w.id)
+        return [w for w in workers if host is None or w.host == host]
+
+    async def release_worker(self, worker_id: str, now: float) -> list[str]:
+        with self._lock:
+            self._workers.pop(worker_id, None)
+            released: list[str] = []
+            for run in sorted(self._runs.values(), key=lambda r: r.id):
+                if run.status is RunStatus.RUNNING and run.owner == worker_id:
+                    self._runs[run.id] = replace(
+                        run, status=RunStatus.PENDING, owner=None, lease_expires_at=None,
+                        wake_at=None, updated_at=now,
+                    )
+                    released.append(run.id)
+            return released
+
+    async def heartbeat(
+        self, worker_id: str, leases: Sequence[Lease], lease_until: float, now: float
+    ) -> HeartbeatReply:
+        with self._lock:
+            lost: list[str] = []
+            cancel: list[str] = []
+            for lease in leases:
+                run = self._held(lease)
+                if run is None or lease.worker_id != worker_id:
+                    lost.append(lease.run_id)
+                    continue
+                self._runs[run.id] = replace(run, lease_expires_at=lease_until)
+                if run.cancel_requested:
+                    cancel.append(run.id)
+            worker = self._workers.get(worker_id)
+            if worker is not None:
+                self._workers[worker_id] = replace(worker, heartbeat_at=now)
+            return HeartbeatReply(lost=lost, cancel=cancel)
+
+    # -- runs ---------------------------------------------------------------------------------
+
+    async def create_run(
+        self, run: NewRun, now: float, *, owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> tuple[RunRecord, bool]:
+        with self._lock:
+            existing = self._runs.get(run.id)
+            if existing is not None:
+                return existing, False
+            record = RunRecord(
+                id=run.id, workflow=run.workflow, args=run.args, deadline_at=run.deadline_at,
+                status=RunStatus.PENDING if owner is None else RunStatus.RUNNING,
+                owner=owner,
+                epoch=0 if owner is None else 1,
+                lease_expires_at=None if owner is None else lease_until,
+                created_at=now, updated_at=now,
+            )
+            self._runs[run.id] = record
+            return record, True
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        with self._lock:
+            return self._runs.get(run_id)
+
+    async def list_runs(
+        self, *, statuses: Sequence[RunStatus] = (), workflow: str | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        with self._lock:
+            runs = list(self._runs.values())
+        wanted = set(statuses)
+        runs = [
+            r for r in runs
+            if (not wanted or r.status in wanted) and (workflow is None or r.workflow == workflow)
+        ]
+        runs.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+        return runs[: max(limit, 0)]
+
+    async def claim_runs(
+        self, worker_id: str, workflows: Sequence[str], now: float, lease_until: float,
+        limit: int,
+    ) -> list[RunRecord]:
+        with self._lock:
+            names = set(workflows)
+            due = [r for r in self._runs.values() if r.workflow in names and _claimable(r, now)]
+            due.sort(key=lambda r: (r.created_at, r.id))
+            claimed: list[RunRecord] = []
+            for run in due[: max(limit, 0)]:
+                new = replace(
+                    run, status=RunStatus.RUNNING, owner=worker_id, epoch=run.epoch + 1,
+                    lease_expires_at=lease_until, wake_at=None, updated_at=now,
+                )
+                self._runs[run.id] = new
+                claimed.append(new)
+            return claimed
+
+    async def next_wake_at(self, workflows: Sequence[str]) -> float | None:
+        with self._lock:
+            names = set(workflows)
+            times: list[float] = []
+            for run in self._runs.values():
+                if run.workflow not in names:
+                    continue
+                if run.status in (RunStatus.PENDING, RunStatus.WAITING) and run.wake_at is not None:
+                    times.append(run.wake_at)
+                elif run.status is RunStatus.RUNNING and run.lease_expires_at is not None:
+                    times.append(run.lease_expires_at)
+            return min(times, default=None)
+
+    async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                raise RunNotFound(f"no run has id {run_id!r}; check the id or list runs")
+            if run.status.terminal:
+                return run
+            if run.status is RunStatus.RUNNING:
+                new = replace(run, cancel_requested=True, updated_at=now)
+            else:
+                new = replace(
+                    run, status=RunStatus.CANCELLED, error=error, owner=None,
+                    lease_expires_at=None, wake_at=None, cancel_requested=False,
+                    finished_at=now, updated_at=now,
+                )
+            self._runs[run_id] = new
+            return new
+
+    # -- history and fenced writes ------------------------------------------------------------
+
+    async def load_history(self, run_id: str) -> list[Checkpoint]:
+        with self._lock:
+            history = self._history.get(run_id, {})
+            return [history[seq] for seq in sorted(history)]
+
+    async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
+        with self._lock:
+            run = self._fenced(lease)
+            self._history.setdefault(run.id, {})[checkpoint.seq] = checkpoint
+            self._runs[run.id] = replace(run, updated_at=now)
+
+    async def suspend_run(self, lease: Lease, wake_at: float | None, now: float) -> None:
+        with self._lock:
+            run = self._fenced(lease)
+            self._runs[run.id] = replace(
+                run, status=RunStatus.WAITING, owner=None, lease_expires_at=None,
+                wake_at=wake_at, updated_at=now,
+            )
+
+    async def finish_run(
+        self, lease: Lease, status: RunStatus, result: str | None, error: str | None,
+        now: float,
+    ) -> None:
+        if not RunStatus(status).terminal:
+            raise ValueError(
+                f"finish_run needs a terminal status (succeeded, failed, cancelled), got {status!r}"
+            )
+        with self._lock:
+            run = self._fenced(lease)
+            self._runs[run.id] = replace(
+                run, status=RunStatus(status), result=result, error=error, owner=None,
+                lease_expires_at=None, cancel_requested=False, finished_at=now, updated_at=now,
+            )
+
+    # -- helpers (call with the lock held) ----------------------------------------------------
+
+    def _held(self, lease: Lease) -> RunRecord | None:
+        run = self._runs.get(lease.run_id)
+        if (
+            run is None
+            or run.status is not RunStatus.RUNNING
+            or run.owner != lease.worker_id
+            or run.epoch != lease.epoch
+        ):
+            return None
+        return run
+
+    def _fenced(self, lease: Lease) -> RunRecord:
+        run = self._held(lease)
+        if run is None:
+            raise LeaseLost(
+                f"worker {lease.worker_id!r} no longer holds run {lease.run_id!r} at epoch "
+                f"{lease.epoch} (another worker adopted it, or it ended); stop executing it"
+            )
+        return run
+
+
+def _claimable(run: RunRecord, now: float) -> bool:
+    if run.status is RunStatus.PENDING:
+        return run.wake_at is None or run.wake_at <= now
+    if run.status is RunStatus.WAITING:
+        return run.wake_at is not None and run.wake_at <= now
+    if run.status is RunStatus.RUNNING:
+        return run.lease_expires_at is not None and run.lease_expires_at < now
+    return False

@@ -1,0 +1,105 @@
+-- Named queries of the SQLite backend, one per statement; `-- name:` starts each.
+-- Run columns are always selected in the order of RUN_COLUMNS in sqlite.py.
+
+-- name: insert_run
+INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
+                         deadline_at, created_at, updated_at)
+VALUES (:id, :workflow, :status, :args, :owner, :epoch, :lease_expires_at,
+        :deadline_at, :now, :now)
+ON CONFLICT (id) DO NOTHING;
+
+-- name: get_run
+SELECT {run_columns} FROM tether_runs WHERE id = :id;
+
+-- name: list_runs
+SELECT {run_columns} FROM tether_runs
+WHERE (:any_status OR status IN (SELECT value FROM json_each(:statuses)))
+  AND (:workflow IS NULL OR workflow = :workflow)
+ORDER BY created_at DESC, id DESC
+LIMIT :limit;
+
+-- name: claim_runs
+UPDATE tether_runs
+SET owner = :worker, epoch = epoch + 1, status = 'running', lease_expires_at = :lease_until,
+    wake_at = NULL, updated_at = :now
+WHERE id IN (
+    SELECT id FROM tether_runs
+    WHERE workflow IN (SELECT value FROM json_each(:workflows))
+      AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= :now))
+        OR (status = 'waiting' AND wake_at <= :now)
+        OR (status = 'running' AND lease_expires_at < :now))
+    ORDER BY created_at, id
+    LIMIT :limit)
+RETURNING {run_columns};
+
+-- name: next_wake_at
+SELECT min(t) FROM (
+    SELECT min(wake_at) AS t FROM tether_runs
+    WHERE status IN ('pending', 'waiting') AND wake_at IS NOT NULL
+      AND workflow IN (SELECT value FROM json_each(:workflows))
+    UNION ALL
+    SELECT min(lease_expires_at) FROM tether_runs
+    WHERE status = 'running' AND workflow IN (SELECT value FROM json_each(:workflows)));
+
+-- name: touch_leased_run
+UPDATE tether_runs SET updated_at = :now
+WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
+
+-- name: load_history
+SELECT seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at
+FROM tether_checkpoints WHERE run_id = :run_id ORDER BY seq;
+
+-- name: upsert_checkpoint
+INSERT OR REPLACE INTO tether_checkpoints
+    (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at)
+VALUES (:run_id, :seq, :name, :kind, :status, :result, :error, :attempts, :started_at,
+        :finished_at, :retry_at);
+
+-- name: suspend_run
+UPDATE tether_runs
+SET status = 'waiting', owner = NULL, lease_expires_at = NULL, wake_at = :wake_at,
+    updated_at = :now
+WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
+
+-- name: finish_run
+UPDATE tether_runs
+SET status = :status, result = :result, error = :error, owner = NULL, lease_expires_at = NULL,
+    wake_at = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now
+WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
+
+-- name: extend_lease
+UPDATE tether_runs SET lease_expires_at = :lease_until
+WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch
+RETURNING cancel_requested;
+
+-- name: cancel_unowned
+UPDATE tether_runs
+SET status = 'cancelled', error = :error, owner = NULL, lease_expires_at = NULL, wake_at = NULL,
+    cancel_requested = 0, finished_at = :now, updated_at = :now
+WHERE id = :id AND status IN ('pending', 'waiting');
+
+-- name: cancel_owned
+UPDATE tether_runs SET cancel_requested = 1, updated_at = :now
+WHERE id = :id AND status = 'running';
+
+-- name: upsert_worker
+INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at)
+VALUES (:id, :host, :pid, :pid_token, :now, :now)
+ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
+    pid_token = excluded.pid_token, heartbeat_at = excluded.heartbeat_at;
+
+-- name: touch_worker
+UPDATE tether_workers SET heartbeat_at = :now WHERE id = :id;
+
+-- name: list_workers
+SELECT id, host, pid, pid_token, started_at, heartbeat_at FROM tether_workers
+WHERE (:host IS NULL OR host = :host) ORDER BY id;
+
+-- name: release_worker_runs
+UPDATE tether_runs
+SET status = 'pending', owner = NULL, lease_expires_at = NULL, wake_at = NULL, updated_at = :now
+WHERE owner = :id AND status = 'running'
+RETURNING id;
+
+-- name: delete_worker
+DELETE FROM tether_workers WHERE id = :id;

@@ -1,0 +1,120 @@
+"""The blocking twin of App and RunHandle, for callers without an event loop.
+
+One implementation: each blocking call runs the async one on a private event loop in a
+background thread (a portal) and waits for it. Use either the async App or its `.sync` twin on
+one App, not both. This module adds no behaviour of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from datetime import timedelta
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from tether.core.handle import RunHandle, RunInfo
+from tether.store.base import Checkpoint, RunStatus
+
+if TYPE_CHECKING:
+    from tether.app import App
+    from tether.core.workflow import Workflow
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Portal:
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def call(self, coro: Coroutine[Any, Any, T]) -> T:
+        with self._lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._thread = threading.Thread(target=self._serve, args=(self._loop,),
+                                                name="tether-sync", daemon=True)
+                self._thread.start()
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    @staticmethod
+    def _serve(loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            loop.run_forever()
+        finally:
+            loop.close()
+
+    def stop(self) -> None:
+        with self._lock:
+            loop, self._loop = self._loop, None
+            thread, self._thread = self._thread, None
+        if loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join()
+
+
+_PORTALS: dict[int, _Portal] = {}
+
+
+class SyncRunHandle(Generic[R]):
+    def __init__(self, portal: _Portal, handle: RunHandle[R]) -> None:
+        self._portal = portal
+        self._handle = handle
+        self.id = handle.id
+
+    def status(self) -> RunStatus:
+        return self._portal.call(self._handle.status())
+
+    def info(self) -> RunInfo:
+        return self._portal.call(self._handle.info())
+
+    def result(self, timeout: float | timedelta | None = None) -> R:
+        return self._portal.call(self._handle.result(timeout))
+
+    def cancel(self) -> None:
+        self._portal.call(self._handle.cancel())
+
+    def checkpoints(self) -> list[Checkpoint]:
+        return self._portal.call(self._handle.checkpoints())
+
+
+class SyncApp:
+    """`with app.sync as s: s.start(wf, ...).result()` runs the worker in the background."""
+
+    def __init__(self, app: App) -> None:
+        self._app = app
+        self._portal = _PORTALS.setdefault(id(app), _Portal())
+
+    def __enter__(self) -> SyncApp:
+        self._portal.call(self._app.__aenter__())
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._portal.call(self._app.close())
+        self._portal.stop()
+        _PORTALS.pop(id(self._app), None)
+
+    def start(
+        self, workflow: Workflow[..., R] | str, *args: Any, id: str | None = None,  # noqa: A002
+        **kwargs: Any,
+    ) -> SyncRunHandle[R]:
+        handle = self._portal.call(self._app.start(workflow, *args, id=id, **kwargs))
+        return SyncRunHandle(self._portal, handle)
+
+    def get(self, run_id: str) -> SyncRunHandle[Any]:
+        return SyncRunHandle(self._portal, self._portal.call(self._app.get(run_id)))
+
+    def list_runs(
+        self, *, status: RunStatus | str | list[RunStatus | str] | None = None,
+        workflow: str | None = None, limit: int = 100,
+    ) -> list[RunInfo]:
+        return self._portal.call(self._app.list_runs(status=status, workflow=workflow,
+                                                     limit=limit))
