@@ -46,8 +46,9 @@ async def make_app(
     def make(**kwargs: object) -> tether.App:
         app = tether.App(store=make_store(), force_replay=mode[1], **kwargs)  # type: ignore[arg-type]
         # Waits over 50 ms release the run, so durable delays are exercised without slow tests.
-        app.engine.settings = dataclasses.replace(app.engine.settings, inline_wait_max=0.05,
-                                                  poll_interval=0.05)
+        app.engine.settings = dataclasses.replace(
+            app.engine.settings, inline_wait_max=0.05, poll_interval=0.05
+        )
         made.append(app)
         return app
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 
 import tether
-from tether.store.base import CheckpointStatus, Lease, RunStatus
+from tether.store.base import CheckpointStatus, Lease, NewRun, RunStatus
 
 MakeApp = Callable[..., tether.App]
 FAST = tether.Retry(max_attempts=3, initial_delay=timedelta(milliseconds=1), jitter=0)
@@ -276,8 +276,9 @@ async def test_permanent_errors_and_unlisted_errors_are_not_retried(make_app: Ma
         calls["refuse"] += 1
         raise tether.PermanentError("card declined")
 
-    @app.step(retry=tether.Retry(max_attempts=5, initial_delay=timedelta(0),
-                                 retry_on=(TimeoutError,)))
+    @app.step(
+        retry=tether.Retry(max_attempts=5, initial_delay=timedelta(0), retry_on=(TimeoutError,))
+    )
     async def wrong() -> None:
         calls["wrong"] += 1
         raise KeyError("not retried: only TimeoutError is")
@@ -365,8 +366,11 @@ async def test_a_long_retry_delay_releases_the_run_and_keeps_the_attempt_count(
     app = make_app()
     calls = Counter[str]()
 
-    @app.step(retry=tether.Retry(max_attempts=3, initial_delay=timedelta(milliseconds=300),
-                                 backoff=1, jitter=0))
+    @app.step(
+        retry=tether.Retry(
+            max_attempts=3, initial_delay=timedelta(milliseconds=300), backoff=1, jitter=0
+        )
+    )
     async def flaky() -> int:
         calls["flaky"] += 1
         if calls["flaky"] < 3:
@@ -384,7 +388,8 @@ async def test_a_long_retry_delay_releases_the_run_and_keeps_the_attempt_count(
         [cp] = await handle.checkpoints()
         assert cp.status is CheckpointStatus.RETRYING
         assert cp.attempts == 1
-        assert cp.retry_at is not None and cp.started_at is not None
+        assert cp.retry_at is not None
+        assert cp.started_at is not None
         assert cp.retry_at - cp.started_at >= 0.3
         assert await handle.result(timeout=10) == 3
         [cp] = await handle.checkpoints()
@@ -673,6 +678,7 @@ async def test_a_worker_that_lost_its_lease_stops_and_the_new_owner_finishes(
     bodies = Counter[str]()
 
     for app in (first, second):
+
         @app.step()
         async def step_one() -> str:
             bodies["one"] += 1
@@ -692,13 +698,17 @@ async def test_a_worker_that_lost_its_lease_stops_and_the_new_owner_finishes(
         store = second.engine.store
         await second.open()
         run = await store.get_run("fenced")
-        assert run is not None and run.owner is not None
+        assert run is not None
+        assert run.owner is not None
         await store.release_worker(run.owner, 0.0)
         async with second:
             assert await (await second.get("fenced")).result(timeout=10) == "done"
             release.set()  # now the old owner's step finishes and tries to record
-            await asyncio.sleep(0.2)
-            assert "fenced" not in first._worker.runners  # type: ignore[union-attr]
+            old_worker = first._worker
+            assert old_worker is not None
+            async with asyncio.timeout(10):  # the old owner learns it lost the run and stops
+                while "fenced" in old_worker.runners:
+                    await asyncio.sleep(0.01)
             cps = await (await second.get("fenced")).checkpoints()
     assert bodies["one"] == 2  # at-least-once: the first body's outcome was fenced off
     assert [c.name for c in cps] == ["step_one"]
@@ -709,8 +719,6 @@ async def test_the_old_lease_is_rejected_by_the_store_after_a_takeover(make_app:
     app = make_app()
     await app.open()
     store = app.engine.store
-    from tether.store.base import NewRun
-
     await store.create_run(NewRun("x", "wf", "{}"), 1.0, owner="w1", lease_until=2.0)
     [claimed] = await store.claim_runs("w2", ["wf"], 3.0, 20.0, 10)
     assert claimed.epoch == 2

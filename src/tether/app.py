@@ -11,7 +11,7 @@ import secrets
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, overload
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
 from tether.clock import Clock, SystemClock
 from tether.core.engine import Engine, Settings
@@ -38,6 +38,30 @@ def _env_flag(name: str) -> bool:
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
 
 
+class _WorkflowDecorator:
+    """What `@app.workflow(...)` with options returns; typed so the workflow keeps its types."""
+
+    def __init__(self, register: Callable[[Callable[..., Any]], Workflow[..., Any]]) -> None:
+        self._register = register
+
+    def __call__(self, fn: Callable[P, Awaitable[R]], /) -> Workflow[P, R]:
+        return cast("Workflow[P, R]", self._register(fn))
+
+
+class _StepDecorator:
+    """What `@app.step(...)` with options returns; typed so the step keeps its types."""
+
+    def __init__(self, register: Callable[[Callable[..., Any]], Step[..., Any]]) -> None:
+        self._register = register
+
+    @overload
+    def __call__(self, fn: Callable[P, Awaitable[R]], /) -> Step[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[P, R], /) -> Step[P, R]: ...
+    def __call__(self, fn: Callable[..., Any], /) -> Step[..., Any]:
+        return self._register(fn)
+
+
 class App:
     """A Tether application on one database: `App()` uses ./tether.db or $TETHER_DATABASE_URL."""
 
@@ -55,13 +79,13 @@ class App:
         if lease_duration <= timedelta(0) or concurrency < 1:
             raise ConfigurationError(
                 f"lease_duration must be positive and concurrency >= 1 "
-                f"(got {lease_duration!r}, {concurrency!r})")
+                f"(got {lease_duration!r}, {concurrency!r})"
+            )
         self.url = store.url if store is not None else (url or default_url())
         settings = Settings(
             lease_duration=lease_duration.total_seconds(),
             concurrency=concurrency,
-            force_replay=_env_flag("TETHER_FORCE_REPLAY") if force_replay is None
-            else force_replay,
+            force_replay=_env_flag("TETHER_FORCE_REPLAY") if force_replay is None else force_replay,
         )
         self.engine = Engine(
             store=store if store is not None else store_from_url(self.url),
@@ -81,24 +105,24 @@ class App:
     def workflow(self, fn: Callable[P, Awaitable[R]], /) -> Workflow[P, R]: ...
     @overload
     def workflow(
-        self, *, name: str | None = None, timeout: timedelta | None = None
-    ) -> Callable[[Callable[P, Awaitable[R]]], Workflow[P, R]]: ...
+        self, /, *, name: str | None = None, timeout: timedelta | None = None
+    ) -> _WorkflowDecorator: ...
 
     def workflow(
-        self, fn: Callable[P, Awaitable[R]] | None = None, /, *, name: str | None = None,
-        timeout: timedelta | None = None,
-    ) -> Workflow[P, R] | Callable[[Callable[P, Awaitable[R]]], Workflow[P, R]]:
+        self, fn: Any = None, /, *, name: str | None = None, timeout: timedelta | None = None
+    ) -> Any:
         """Register an `async def` as a workflow: deterministic code that calls steps."""
 
-        def register(f: Callable[P, Awaitable[R]]) -> Workflow[P, R]:
-            wf = Workflow(f, name=name or f.__name__, timeout=timeout)
+        def register(f: Callable[..., Awaitable[Any]]) -> Workflow[..., Any]:
+            wf: Workflow[..., Any] = Workflow(f, name=name or f.__name__, timeout=timeout)
             if wf.name in self.engine.workflows:
                 raise ConfigurationError(
-                    f"two workflows are named {wf.name!r}; pass name= to tell them apart")
-            self.engine.workflows[wf.name] = wf  # type: ignore[assignment]
+                    f"two workflows are named {wf.name!r}; pass name= to tell them apart"
+                )
+            self.engine.workflows[wf.name] = wf
             return wf
 
-        return register(fn) if fn is not None else register
+        return register(fn) if fn is not None else _WorkflowDecorator(register)
 
     @overload
     def step(self, fn: Callable[P, Awaitable[R]], /) -> Step[P, R]: ...
@@ -106,23 +130,40 @@ class App:
     def step(self, fn: Callable[P, R], /) -> Step[P, R]: ...
     @overload
     def step(
-        self, *, name: str | None = None, retry: Retry | None = None,
-        timeout: timedelta | None = None, at_most_once: bool = False,
+        self,
+        /,
+        *,
+        name: str | None = None,
+        retry: Retry | None = None,
+        timeout: timedelta | None = None,
+        at_most_once: bool = False,
         reconcile: Callable[..., object] | None = None,
-    ) -> Callable[[Callable[P, Any]], Step[P, Any]]: ...
+    ) -> _StepDecorator: ...
 
     def step(
-        self, fn: Callable[P, Any] | None = None, /, *, name: str | None = None,
-        retry: Retry | None = None, timeout: timedelta | None = None,
-        at_most_once: bool = False, reconcile: Callable[..., object] | None = None,
-    ) -> Step[P, Any] | Callable[[Callable[P, Any]], Step[P, Any]]:
+        self,
+        fn: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        retry: Retry | None = None,
+        timeout: timedelta | None = None,
+        at_most_once: bool = False,
+        reconcile: Callable[..., object] | None = None,
+    ) -> Any:
         """Register a function (def or async def) as a step: its result is checkpointed."""
 
-        def register(f: Callable[P, Any]) -> Step[P, Any]:
-            return Step(f, name=name or f.__name__, retry=retry, timeout=timeout,
-                        at_most_once=at_most_once, reconcile=reconcile)
+        def register(f: Callable[..., Any]) -> Step[..., Any]:
+            return Step(
+                f,
+                name=name or f.__name__,
+                retry=retry,
+                timeout=timeout,
+                at_most_once=at_most_once,
+                reconcile=reconcile,
+            )
 
-        return register(fn) if fn is not None else register
+        return register(fn) if fn is not None else _StepDecorator(register)
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -168,7 +209,8 @@ class App:
         if found is None or (not isinstance(workflow, str) and found is not workflow):
             raise ConfigurationError(
                 f"{workflow!r} is not a workflow of this App; decorate it with @app.workflow() "
-                f"(known: {sorted(self.engine.workflows)})")
+                f"(known: {sorted(self.engine.workflows)})"
+            )
         return found
 
     def _handle(self, run_id: str) -> RunHandle[Any]:
@@ -179,15 +221,19 @@ class App:
             self._worker.cancel(run_id)
 
     async def start(
-        self, workflow: Workflow[..., R] | str, *args: Any, id: str | None = None,  # noqa: A002
+        self,
+        workflow: Workflow[..., R] | str,
+        *args: Any,
+        id: str | None = None,
         **kwargs: Any,
     ) -> RunHandle[R]:
         """Start a run; `id` is its idempotency key: the same id returns the same run."""
         wf = self._workflow(workflow)
         if id is not None and (not isinstance(id, str) or not id or len(id) > 512):
             raise ConfigurationError(f"a run id must be a non-empty str of <= 512 chars: {id!r}")
-        run_id = id or secrets.token_hex(16)
         engine = self.engine
+        # Time-ordered default ids (like UUIDv7) keep inserts at the end of the B-trees.
+        run_id = id or f"{int(engine.clock.now() * 1000):012x}{secrets.token_hex(10)}"
         text = wf.encode_args(engine.serde, args, kwargs)
         await self.open()
         now = engine.clock.now()
@@ -195,15 +241,20 @@ class App:
         worker = self._worker if self._worker is not None and self._worker.has_capacity() else None
         lease_until = now + engine.settings.lease_duration
         record, created = await engine.store.create_run(
-            NewRun(run_id, wf.name, text, deadline), now,
-            owner=worker.id if worker else None, lease_until=lease_until if worker else None)
+            NewRun(run_id, wf.name, text, deadline),
+            now,
+            owner=worker.id if worker else None,
+            lease_until=lease_until if worker else None,
+        )
         if not created:
             same = record.workflow == wf.name and (
-                record.args == text or engine.serde.loads(record.args) == engine.serde.loads(text))
+                record.args == text or engine.serde.loads(record.args) == engine.serde.loads(text)
+            )
             if not same:
                 raise IdempotencyConflict(
                     f"run {run_id!r} exists as {record.workflow}({record.args[:200]}), not "
-                    f"{wf.name}({text[:200]}); start with a new id or the same arguments")
+                    f"{wf.name}({text[:200]}); start with a new id or the same arguments"
+                )
         elif worker is not None:
             worker.launch(record, history=[])
         elif self._worker is not None:
@@ -218,8 +269,11 @@ class App:
         return self._handle(run_id)
 
     async def list_runs(
-        self, *, status: RunStatus | str | list[RunStatus | str] | None = None,
-        workflow: str | None = None, limit: int = 100,
+        self,
+        *,
+        status: RunStatus | str | list[RunStatus | str] | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
     ) -> list[RunInfo]:
         """Runs, newest first."""
         wanted = [] if status is None else [status] if isinstance(status, str) else status
@@ -227,8 +281,10 @@ class App:
             statuses = [RunStatus(s) for s in wanted]
         except ValueError:
             raise ConfigurationError(
-                f"unknown status in {wanted!r}; use {[s.value for s in RunStatus]}") from None
+                f"unknown status in {wanted!r}; use {[s.value for s in RunStatus]}"
+            ) from None
         await self.open()
-        records = await self.engine.store.list_runs(statuses=statuses, workflow=workflow,
-                                                    limit=limit)
+        records = await self.engine.store.list_runs(
+            statuses=statuses, workflow=workflow, limit=limit
+        )
         return [RunInfo.of(r) for r in records]

@@ -47,7 +47,7 @@ class NotInWorkflow(TetherError):
 
 
 class IdempotencyConflict(TetherError):
-    """A run with this id exists with other arguments; choose a new id or pass the same arguments."""
+    """A run with this id exists with other arguments; use a new id or the same arguments."""
 
 
 class RunNotFound(TetherError):
@@ -63,11 +63,14 @@ class PayloadTooLarge(SerializationError):
 
 
 class NonDeterminismError(TetherError):
-    """The workflow code asked for other steps than its recorded history; gate changes with
-    tether.patched() or let old runs finish on the old code."""
+    """The workflow code asked for other steps than its recorded history; let old runs finish
+    on the old code, or fork them from before the change."""
 
     def __init__(
-        self, message: str | None = None, *, recorded: list[str] | None = None,
+        self,
+        message: str | None = None,
+        *,
+        recorded: list[str] | None = None,
         requested: list[str] | None = None,
     ) -> None:
         self.recorded = recorded or []

@@ -1,8 +1,9 @@
 """Named fault sites at the engine's commit boundaries, for crash and fault tests only.
 
-Disabled unless $TETHER_FAULTS is set when this module is first imported; the hot path then pays
-one boolean test. Spec: comma-separated `site[@label-pattern]=action`, where action is `kill`
-(SIGKILL this process), `raise` (raise InjectedFault) or `stall:SECONDS`. Never set it in production.
+Disabled unless $TETHER_FAULTS is set when this module is first imported; the hot path then
+pays one boolean test. Spec: comma-separated `site[@label-pattern]=action`, where action is
+`kill` (SIGKILL this process), `raise` (raise InjectedFault) or `stall:SECONDS`. Never set it in
+production.
 """
 
 from __future__ import annotations

@@ -35,8 +35,9 @@ class _Portal:
         with self._lock:
             if self._loop is None:
                 self._loop = asyncio.new_event_loop()
-                self._thread = threading.Thread(target=self._serve, args=(self._loop,),
-                                                name="tether-sync", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._serve, args=(self._loop,), name="tether-sync", daemon=True
+                )
                 self._thread.start()
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
@@ -103,7 +104,10 @@ class SyncApp:
         _PORTALS.pop(id(self._app), None)
 
     def start(
-        self, workflow: Workflow[..., R] | str, *args: Any, id: str | None = None,  # noqa: A002
+        self,
+        workflow: Workflow[..., R] | str,
+        *args: Any,
+        id: str | None = None,
         **kwargs: Any,
     ) -> SyncRunHandle[R]:
         handle = self._portal.call(self._app.start(workflow, *args, id=id, **kwargs))
@@ -113,8 +117,10 @@ class SyncApp:
         return SyncRunHandle(self._portal, self._portal.call(self._app.get(run_id)))
 
     def list_runs(
-        self, *, status: RunStatus | str | list[RunStatus | str] | None = None,
-        workflow: str | None = None, limit: int = 100,
+        self,
+        *,
+        status: RunStatus | str | list[RunStatus | str] | None = None,
+        workflow: str | None = None,
+        limit: int = 100,
     ) -> list[RunInfo]:
-        return self._portal.call(self._app.list_runs(status=status, workflow=workflow,
-                                                     limit=limit))
+        return self._portal.call(self._app.list_runs(status=status, workflow=workflow, limit=limit))

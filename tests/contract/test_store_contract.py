@@ -36,8 +36,14 @@ def lease_of(run: RunRecord) -> Lease:
 
 def checkpoint(seq: int, name: str = "step", result: str | None = "1") -> Checkpoint:
     return Checkpoint(
-        seq=seq, name=name, kind="step", status=CheckpointStatus.COMPLETED, result=result,
-        attempts=1, started_at=NOW, finished_at=NOW + 1,
+        seq=seq,
+        name=name,
+        kind="step",
+        status=CheckpointStatus.COMPLETED,
+        result=result,
+        attempts=1,
+        started_at=NOW,
+        finished_at=NOW + 1,
     )
 
 
@@ -265,6 +271,7 @@ async def test_write_checkpoint_replaces_at_the_same_seq_and_history_is_ordered_
 ) -> None:
     await store.create_run(new("r1"), NOW)
     lease = lease_of(await claim_one(store, "w1"))
+    claimed_at = (await get(store, "r1")).updated_at
     started = Checkpoint(
         seq=1, name="pay", kind="step", status=CheckpointStatus.STARTED, started_at=NOW + 1
     )
@@ -272,13 +279,21 @@ async def test_write_checkpoint_replaces_at_the_same_seq_and_history_is_ordered_
     await store.write_checkpoint(lease, started, NOW + 1)
     await store.write_checkpoint(lease, checkpoint(0, "a", '"a"'), NOW + 2)
     done = Checkpoint(
-        seq=1, name="pay", kind="step", status=CheckpointStatus.COMPLETED, result='{"ok": true}',
-        attempts=2, started_at=NOW + 1, finished_at=NOW + 3, retry_at=None,
+        seq=1,
+        name="pay",
+        kind="step",
+        status=CheckpointStatus.COMPLETED,
+        result='{"ok": true}',
+        attempts=2,
+        started_at=NOW + 1,
+        finished_at=NOW + 3,
+        retry_at=None,
     )
     await store.write_checkpoint(lease, done, NOW + 3)
     history = await store.load_history("r1")
     assert history == [checkpoint(0, "a", '"a"'), done, checkpoint(2, "b", '"b"')]
-    assert (await get(store, "r1")).updated_at == NOW + 3
+    # The hot path writes one row: checkpoints carry their own times, the run row is untouched.
+    assert (await get(store, "r1")).updated_at == claimed_at
 
 
 async def test_checkpoints_keep_every_field_including_errors_and_retry_time(
@@ -287,9 +302,15 @@ async def test_checkpoints_keep_every_field_including_errors_and_retry_time(
     await store.create_run(new("r1"), NOW)
     lease = lease_of(await claim_one(store, "w1"))
     retrying = Checkpoint(
-        seq=0, name="fetch#2", kind="step", status=CheckpointStatus.RETRYING,
-        error='{"type": "OSError", "message": "boom", "traceback": ""}', attempts=3,
-        started_at=NOW + 1.5, finished_at=NOW + 1.75, retry_at=NOW + 9.25,
+        seq=0,
+        name="fetch#2",
+        kind="step",
+        status=CheckpointStatus.RETRYING,
+        error='{"type": "OSError", "message": "boom", "traceback": ""}',
+        attempts=3,
+        started_at=NOW + 1.5,
+        finished_at=NOW + 1.75,
+        retry_at=NOW + 9.25,
     )
     await store.write_checkpoint(lease, retrying, NOW + 2)
     assert await store.load_history("r1") == [retrying]

@@ -8,6 +8,7 @@ StepContext. It does no I/O except through the RunContext's engine, and holds no
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import secrets
 import uuid
 from collections import Counter
@@ -39,6 +40,10 @@ class ReplayNow(_Signal):
     """Forced-replay mode: restart the workflow from the store after a new checkpoint."""
 
 
+class EndOfHistory(_Signal):
+    """Replay-only mode reached a checkpoint the history does not hold: all before matched."""
+
+
 class Abandon(_Signal):
     """The run cannot go on here: the lease was lost, or replay diverged from the history."""
 
@@ -59,8 +64,6 @@ class StepContext:
 
 
 def idempotency_key_for(run_id: str, checkpoint_name: str) -> str:
-    import hashlib
-
     digest = hashlib.sha256(f"{len(run_id)}:{run_id}:{checkpoint_name}".encode()).hexdigest()
     return f"tether-{digest[:40]}"
 
@@ -81,6 +84,7 @@ class RunContext:
     inflight: int = 0  # step bodies executing now
     settled: asyncio.Event = field(default_factory=asyncio.Event)
     abandoned: BaseException | None = None
+    replay_only: bool = False  # checking a history: never execute, stop where it ends
 
     def __post_init__(self) -> None:
         self.settled.set()
@@ -97,6 +101,8 @@ class RunContext:
         recorded = self.history.get(seq)
         if recorded is not None and (recorded.name != name or recorded.kind != kind):
             raise Abandon(self.divergence(seq))
+        if self.replay_only and (recorded is None or recorded.status not in _FINAL):
+            raise EndOfHistory()
         return seq, name, recorded
 
     def divergence(self, seq: int) -> NonDeterminismError:
@@ -109,8 +115,8 @@ class RunContext:
         )
         return NonDeterminismError(
             f"run {self.run_id!r} of workflow {self.workflow!r} no longer replays: {what}. "
-            f"Recorded: {recorded}; requested: {self.requested}. Gate the change with "
-            f"tether.patched(...) or let old runs finish on the old code.",
+            f"Recorded: {recorded}; requested: {self.requested}. Let runs started on the old "
+            f"code finish on it (deploy the change beside it), or start them anew.",
             recorded=recorded,
             requested=list(self.requested),
         )
@@ -124,14 +130,13 @@ class RunContext:
         """Write a checkpoint durably (with any recorded helpers queued before it)."""
         if self.abandoned is not None:
             raise self.abandoned
+        store = self.engine.store
         now = self.engine.clock.now()
         try:
             if self.pending:
                 pending, self.pending = self.pending, []
-                await asyncio.gather(
-                    *(self.engine.store.write_checkpoint(self.lease, c, now) for c in pending)
-                )
-            await self.engine.store.write_checkpoint(self.lease, checkpoint, now)
+                await asyncio.gather(*(store.write_checkpoint(self.lease, c, now) for c in pending))
+            await store.write_checkpoint(self.lease, checkpoint, now)
         except LeaseLost as exc:
             self.abandoned = Abandon(exc)
             raise self.abandoned from None
@@ -152,6 +157,8 @@ class RunContext:
         if self.inflight == 0:
             self.settled.set()
 
+
+_FINAL = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
 
 _RUN: ContextVar[RunContext | None] = ContextVar("tether_run", default=None)
 _STEP: ContextVar[StepContext | None] = ContextVar("tether_step", default=None)
@@ -181,8 +188,16 @@ def _recorded(helper: str, make: Any) -> Any:
     text = serde.dumps(value, what=f"tether.{helper}()")
     now = ctx.engine.clock.now()
     ctx.pending.append(
-        Checkpoint(seq=seq, name=name, kind=helper, status=CheckpointStatus.COMPLETED,
-                   result=text, attempts=1, started_at=now, finished_at=now)
+        Checkpoint(
+            seq=seq,
+            name=name,
+            kind=helper,
+            status=CheckpointStatus.COMPLETED,
+            result=text,
+            attempts=1,
+            started_at=now,
+            finished_at=now,
+        )
     )
     return serde.loads(text)
 

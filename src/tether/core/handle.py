@@ -11,7 +11,7 @@ import contextlib
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from tether.clock import to_datetime
 from tether.core.engine import Engine
@@ -41,11 +41,15 @@ class RunInfo:
     @classmethod
     def of(cls, record: RunRecord) -> RunInfo:
         return cls(
-            id=record.id, workflow=record.workflow, status=record.status,
-            created_at=to_datetime(record.created_at), updated_at=to_datetime(record.updated_at),
+            id=record.id,
+            workflow=record.workflow,
+            status=record.status,
+            created_at=to_datetime(record.created_at),
+            updated_at=to_datetime(record.updated_at),
             finished_at=None if record.finished_at is None else to_datetime(record.finished_at),
             error=None if record.error is None else json.loads(record.error),
-            owner=record.owner, attempt=record.epoch,
+            owner=record.owner,
+            attempt=record.epoch,
         )
 
 
@@ -96,7 +100,8 @@ class RunHandle(Generic[R]):
                 if wait <= 0:
                     raise WaitTimeout(
                         f"run {self.id!r} did not end within {limit}s (it is {record.status}); "
-                        f"it goes on: wait again or check `tether runs show {self.id}`")
+                        f"it goes on: wait again or check `tether runs show {self.id}`"
+                    )
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
                         await future
@@ -111,8 +116,10 @@ class RunHandle(Generic[R]):
         if record.status is RunStatus.SUCCEEDED:
             workflow = self._engine.workflows.get(record.workflow)
             hint = workflow.return_hint if workflow is not None else Any
-            return self._engine.serde.loads(  # type: ignore[no-any-return]
-                record.result or "null", hint, what=f"result of run {self.id!r}")
+            value = self._engine.serde.loads(
+                record.result or "null", hint, what=f"result of run {self.id!r}"
+            )
+            return cast(R, value)
         error = json.loads(record.error) if record.error else None
         if record.status is RunStatus.CANCELLED:
             raise RunCancelled(self.id, error)
@@ -121,8 +128,9 @@ class RunHandle(Generic[R]):
     async def cancel(self) -> None:
         """Cancel the run: a waiting or pending run ends at once; a running one at its next
         await. Cancelling a finished run changes nothing."""
-        record = await self._engine.store.cancel_run(self.id, CANCELLED_ERROR,
-                                                     self._engine.clock.now())
+        record = await self._engine.store.cancel_run(
+            self.id, CANCELLED_ERROR, self._engine.clock.now()
+        )
         if record.status.terminal:
             self._engine.run_ended(self.id)
         elif record.cancel_requested and self._cancel_local is not None:

@@ -50,6 +50,10 @@ def this_worker(now: float) -> WorkerInfo:
     host = socket.gethostname()
     pid = os.getpid()
     return WorkerInfo(
-        id=f"{host}:{pid}:{secrets.token_hex(4)}", host=host, pid=pid, pid_token=pid_token(pid),
-        started_at=now, heartbeat_at=now,
+        id=f"{host}:{pid}:{secrets.token_hex(4)}",
+        host=host,
+        pid=pid,
+        pid_token=pid_token(pid),
+        started_at=now,
+        heartbeat_at=now,
     )

@@ -34,6 +34,7 @@ class Runner:
         self.history = history
         self.cancel_requested = record.cancel_requested
         self.task: asyncio.Task[None] | None = None
+        self.suspended = False  # the run was released to wait, and may be due again soon
         self._wf_task: asyncio.Task[str] | None = None
 
     def request_cancel(self) -> None:
@@ -63,11 +64,15 @@ class Runner:
         if self.cancel_requested:
             await self._finish(RunStatus.CANCELLED, None, CANCELLED_ERROR)
             return
-        history = self.history if self.history is not None else (
-            await engine.store.load_history(record.id))
+        history = (
+            self.history
+            if self.history is not None
+            else (await engine.store.load_history(record.id))
+        )
         while True:
-            ctx = RunContext(engine, record.id, workflow.name, self.lease,
-                             {c.seq: c for c in history})
+            ctx = RunContext(
+                engine, record.id, workflow.name, self.lease, {c.seq: c for c in history}
+            )
             self._wf_task = asyncio.create_task(self._body(ctx, workflow))
             try:
                 result = await self._await_with_deadline(self._wf_task)
@@ -80,9 +85,11 @@ class Runner:
                 await ctx.flush()
                 wake_at = suspend.wake_at
                 if record.deadline_at is not None:
-                    wake_at = record.deadline_at if wake_at is None else min(
-                        wake_at, record.deadline_at)
+                    wake_at = (
+                        record.deadline_at if wake_at is None else min(wake_at, record.deadline_at)
+                    )
                 await engine.store.suspend_run(self.lease, wake_at, engine.clock.now())
+                self.suspended = True
             except Abandon as abandon:
                 await ctx.settled.wait()
                 if isinstance(abandon.cause, LeaseLost):
@@ -120,7 +127,8 @@ class Runner:
         await asyncio.gather(task, return_exceptions=True)
         raise WorkflowTimeout(
             f"run {self.record.id!r} went past the timeout of workflow {self.record.workflow!r} "
-            f"and was failed; raise @app.workflow(timeout=...) if it needs longer")
+            f"and was failed; raise @app.workflow(timeout=...) if it needs longer"
+        )
 
     async def _body(self, ctx: RunContext, workflow: Workflow[..., Any]) -> str:
         _RUN.set(ctx)
@@ -137,5 +145,6 @@ class Runner:
         await self._finish(RunStatus.FAILED, None, json.dumps(encode_error(exc)))
 
     async def _finish(self, status: RunStatus, result: str | None, error: str | None) -> None:
-        await self.engine.store.finish_run(self.lease, status, result, error,
-                                           self.engine.clock.now())
+        await self.engine.store.finish_run(
+            self.lease, status, result, error, self.engine.clock.now()
+        )

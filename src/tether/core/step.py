@@ -97,13 +97,18 @@ class Step(Generic[P, R]):
     async def _plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
         result = self.fn(*args, **kwargs)
         if inspect.isawaitable(result):
-            return await result  # type: ignore[no-any-return]
+            return await result
         return result
 
 
 async def _execute(
-    step: Step[..., R], ctx: RunContext, seq: int, name: str, recorded: Checkpoint | None,
-    args: tuple[Any, ...], kwargs: dict[str, Any],
+    step: Step[..., R],
+    ctx: RunContext,
+    seq: int,
+    name: str,
+    recorded: Checkpoint | None,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> R:
     serde = ctx.engine.serde
     what = f"result of step {name!r}"
@@ -120,46 +125,92 @@ async def _execute(
             outcome = await _reconcile(step, ctx, seq, name, attempts, args, kwargs)
             if outcome is not NOT_DONE:
                 return outcome  # type: ignore[return-value]
-    await ctx.flush()
+    if ctx.pending:
+        await ctx.flush()
     clock = ctx.engine.clock
     while True:
         attempts += 1
         started = clock.now()
         if step.at_most_once:
-            await ctx.write(Checkpoint(seq=seq, name=name, kind="step", attempts=attempts,
-                                       status=CheckpointStatus.STARTED, started_at=started))
+            await ctx.write(
+                Checkpoint(
+                    seq=seq,
+                    name=name,
+                    kind="step",
+                    attempts=attempts,
+                    status=CheckpointStatus.STARTED,
+                    started_at=started,
+                )
+            )
         ctx.enter_body()
         try:
             value = await _run_body(step, ctx.run_id, name, attempts, args, kwargs)
             text = serde.dumps(value, what=what)
         except Exception as exc:
-            error = exc if not isinstance(exc, TimeoutError) else StepTimeout(
-                f"step {name!r} attempt {attempts} ran past its timeout of {step.timeout}s; "
-                f"raise timeout= or make the step faster")
+            error = (
+                exc
+                if not isinstance(exc, TimeoutError)
+                else StepTimeout(
+                    f"step {name!r} attempt {attempts} ran past its timeout of {step.timeout}s; "
+                    f"raise timeout= or make the step faster"
+                )
+            )
             if step.retry.retries(error, attempts):
                 delay = step.retry.delay(attempts, secrets.randbits(32) / (1 << 32))
                 retry_at = clock.now() + delay
-                await ctx.write(Checkpoint(
-                    seq=seq, name=name, kind="step", status=CheckpointStatus.RETRYING,
-                    error=json.dumps(encode_error(error)), attempts=attempts,
-                    started_at=started, finished_at=clock.now(), retry_at=retry_at))
+                await ctx.write(
+                    Checkpoint(
+                        seq=seq,
+                        name=name,
+                        kind="step",
+                        status=CheckpointStatus.RETRYING,
+                        error=json.dumps(encode_error(error)),
+                        attempts=attempts,
+                        started_at=started,
+                        finished_at=clock.now(),
+                        retry_at=retry_at,
+                    )
+                )
                 await _wait_until(ctx, retry_at)
                 continue
-            await ctx.write(Checkpoint(
-                seq=seq, name=name, kind="step", status=CheckpointStatus.FAILED,
-                error=json.dumps(encode_error(error)), attempts=attempts, started_at=started,
-                finished_at=clock.now()))
+            await ctx.write(
+                Checkpoint(
+                    seq=seq,
+                    name=name,
+                    kind="step",
+                    status=CheckpointStatus.FAILED,
+                    error=json.dumps(encode_error(error)),
+                    attempts=attempts,
+                    started_at=started,
+                    finished_at=clock.now(),
+                )
+            )
             _replay_if_forced(ctx)
             if error is exc:
                 raise
             raise error from exc
         finally:
             ctx.leave_body()
-        await ctx.write(Checkpoint(
-            seq=seq, name=name, kind="step", status=CheckpointStatus.COMPLETED, result=text,
-            attempts=attempts, started_at=started, finished_at=clock.now()))
+        await ctx.write(
+            Checkpoint(
+                seq=seq,
+                name=name,
+                kind="step",
+                status=CheckpointStatus.COMPLETED,
+                result=text,
+                attempts=attempts,
+                started_at=started,
+                finished_at=clock.now(),
+            )
+        )
         _replay_if_forced(ctx)
+        if type(value) in _SCALARS:
+            return value  # type: ignore[no-any-return]
+        # Give back what replay would: the value rebuilt from its JSON (tuples become lists...).
         return serde.loads(text, step.return_hint, what=what)  # type: ignore[return-value]
+
+
+_SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
 def _replay_if_forced(ctx: RunContext) -> None:
@@ -168,15 +219,21 @@ def _replay_if_forced(ctx: RunContext) -> None:
 
 
 async def _run_body(
-    step: Step[..., Any], run_id: str, name: str, attempt: int, args: tuple[Any, ...],
+    step: Step[..., Any],
+    run_id: str,
+    name: str,
+    attempt: int,
+    args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> Any:
     step_ctx = StepContext(run_id=run_id, name=name, attempt=attempt)
     if step.is_async:
         token = _STEP.set(step_ctx)
         try:
+            if step.timeout is None:
+                return await step.fn(*args, **kwargs)
             async with asyncio.timeout(step.timeout):
-                return await step.fn(*args, **kwargs)  # type: ignore[misc]
+                return await step.fn(*args, **kwargs)
         finally:
             _STEP.reset(token)
     context = contextvars.copy_context()
@@ -188,8 +245,13 @@ async def _run_body(
 
 
 async def _reconcile(
-    step: Step[..., Any], ctx: RunContext, seq: int, name: str, attempts: int,
-    args: tuple[Any, ...], kwargs: dict[str, Any],
+    step: Step[..., Any],
+    ctx: RunContext,
+    seq: int,
+    name: str,
+    attempts: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
 ) -> object:
     """An at-most-once step was started and never finished: ask the hook what happened."""
     clock = ctx.engine.clock
@@ -198,10 +260,19 @@ async def _reconcile(
             f"at-most-once step {name!r} of run {ctx.run_id!r} started (attempt {attempts}) but "
             f"its outcome was never recorded; check whether its effect happened (idempotency "
             f"key {StepContext(ctx.run_id, name, attempts).idempotency_key}), then resume or "
-            f"fail the run. A reconcile= hook on the step automates this.")
-        await ctx.write(Checkpoint(
-            seq=seq, name=name, kind="step", status=CheckpointStatus.FAILED,
-            error=json.dumps(encode_error(error)), attempts=attempts, finished_at=clock.now()))
+            f"fail the run. A reconcile= hook on the step automates this."
+        )
+        await ctx.write(
+            Checkpoint(
+                seq=seq,
+                name=name,
+                kind="step",
+                status=CheckpointStatus.FAILED,
+                error=json.dumps(encode_error(error)),
+                attempts=attempts,
+                finished_at=clock.now(),
+            )
+        )
         raise error
     token = _STEP.set(StepContext(run_id=ctx.run_id, name=name, attempt=attempts))
     try:
@@ -214,9 +285,17 @@ async def _reconcile(
         return NOT_DONE
     serde = ctx.engine.serde
     text = serde.dumps(outcome, what=f"reconciled result of step {name!r}")
-    await ctx.write(Checkpoint(
-        seq=seq, name=name, kind="step", status=CheckpointStatus.COMPLETED, result=text,
-        attempts=attempts, finished_at=clock.now()))
+    await ctx.write(
+        Checkpoint(
+            seq=seq,
+            name=name,
+            kind="step",
+            status=CheckpointStatus.COMPLETED,
+            result=text,
+            attempts=attempts,
+            finished_at=clock.now(),
+        )
+    )
     return serde.loads(text, step.return_hint)
 
 
@@ -229,4 +308,3 @@ async def _wait_until(ctx: RunContext, when: float) -> None:
     if remaining > ctx.engine.settings.inline_wait_max:
         raise Suspend(when)
     await clock.sleep(remaining)
-

@@ -71,7 +71,10 @@ class Worker:
     def _finished(self, run_id: str, runner: Runner) -> None:
         if self.runners.get(run_id) is runner:
             del self.runners[run_id]
-        self._wake.set()  # capacity freed, or a suspended run may be due soon
+        # Look again only when a claim may have been cut short by capacity, or a released run
+        # may be due before the claim loop's next look.
+        if runner.suspended or len(self.runners) == self.engine.settings.concurrency - 1:
+            self._wake.set()
 
     def cancel(self, run_id: str) -> bool:
         runner = self.runners.get(run_id)
@@ -123,8 +126,9 @@ class Worker:
             try:
                 now = engine.clock.now()
                 leases = [r.lease for r in self.runners.values()]
-                reply = await engine.store.heartbeat(self.id, leases, now + self.lease_duration,
-                                                     now)
+                reply = await engine.store.heartbeat(
+                    self.id, leases, now + self.lease_duration, now
+                )
                 for run_id in reply.lost:
                     runner = self.runners.get(run_id)
                     if runner is not None and runner.task is not None:

@@ -37,7 +37,9 @@ class Workflow(Generic[P, R]):
                 f"@app.workflow() needs an `async def` function; {fn.__qualname__} is not one"
             )
         if timeout is not None and (not isinstance(timeout, timedelta) or timeout <= timedelta(0)):
-            raise ConfigurationError(f"workflow timeout must be a positive timedelta, not {timeout!r}")
+            raise ConfigurationError(
+                f"workflow timeout must be a positive timedelta, not {timeout!r}"
+            )
         self.fn = fn
         self.name = name
         self.timeout = timeout
@@ -78,5 +80,7 @@ class Workflow(Generic[P, R]):
             param = self.signature.parameters[key]
             if hint is None or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 continue
-            bound.arguments[key] = serde.convert(value, hint, what=f"argument {key!r} of {self.name}")
+            bound.arguments[key] = serde.convert(
+                value, hint, what=f"argument {key!r} of {self.name}"
+            )
         return list(bound.args), dict(bound.kwargs)

@@ -131,7 +131,11 @@ class Store(Protocol):
         Reports leases it lost and runs it holds whose cancellation was requested."""
 
     async def create_run(
-        self, run: NewRun, now: float, *, owner: str | None = None,
+        self,
+        run: NewRun,
+        now: float,
+        *,
+        owner: str | None = None,
         lease_until: float | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert the run unless its id exists. Returns (the stored run, whether it was created).
@@ -141,13 +145,20 @@ class Store(Protocol):
         """The run with this id, or None."""
 
     async def list_runs(
-        self, *, statuses: Sequence[RunStatus] = (), workflow: str | None = None,
+        self,
+        *,
+        statuses: Sequence[RunStatus] = (),
+        workflow: str | None = None,
         limit: int = 100,
     ) -> list[RunRecord]:
         """Runs, newest first, filtered by status and workflow name."""
 
     async def claim_runs(
-        self, worker_id: str, workflows: Sequence[str], now: float, lease_until: float,
+        self,
+        worker_id: str,
+        workflows: Sequence[str],
+        now: float,
+        lease_until: float,
         limit: int,
     ) -> list[RunRecord]:
         """Take up to `limit` runnable runs of these workflows: pending ones due now, waiting
@@ -161,14 +172,19 @@ class Store(Protocol):
         """The run's checkpoints, ordered by seq."""
 
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
-        """Insert or replace the checkpoint at (run, seq). Raises LeaseLost if the lease is not
-        held. Durable when this returns."""
+        """Insert or replace the checkpoint at (run, seq); the run row is left as it is (this
+        is the hot path: one row). Raises LeaseLost if the lease is not held. Durable when this
+        returns."""
 
     async def suspend_run(self, lease: Lease, wake_at: float | None, now: float) -> None:
         """Release the run as waiting until wake_at. Raises LeaseLost if the lease is not held."""
 
     async def finish_run(
-        self, lease: Lease, status: RunStatus, result: str | None, error: str | None,
+        self,
+        lease: Lease,
+        status: RunStatus,
+        result: str | None,
+        error: str | None,
         now: float,
     ) -> None:
         """Record the run's final status and result or error; releases the lease.

@@ -60,8 +60,12 @@ class MemoryStore:
             for run in sorted(self._runs.values(), key=lambda r: r.id):
                 if run.status is RunStatus.RUNNING and run.owner == worker_id:
                     self._runs[run.id] = replace(
-                        run, status=RunStatus.PENDING, owner=None, lease_expires_at=None,
-                        wake_at=None, updated_at=now,
+                        run,
+                        status=RunStatus.PENDING,
+                        owner=None,
+                        lease_expires_at=None,
+                        wake_at=None,
+                        updated_at=now,
                     )
                     released.append(run.id)
             return released
@@ -88,7 +92,11 @@ class MemoryStore:
     # -- runs ---------------------------------------------------------------------------------
 
     async def create_run(
-        self, run: NewRun, now: float, *, owner: str | None = None,
+        self,
+        run: NewRun,
+        now: float,
+        *,
+        owner: str | None = None,
         lease_until: float | None = None,
     ) -> tuple[RunRecord, bool]:
         with self._lock:
@@ -96,12 +104,16 @@ class MemoryStore:
             if existing is not None:
                 return existing, False
             record = RunRecord(
-                id=run.id, workflow=run.workflow, args=run.args, deadline_at=run.deadline_at,
+                id=run.id,
+                workflow=run.workflow,
+                args=run.args,
+                deadline_at=run.deadline_at,
                 status=RunStatus.PENDING if owner is None else RunStatus.RUNNING,
                 owner=owner,
                 epoch=0 if owner is None else 1,
                 lease_expires_at=None if owner is None else lease_until,
-                created_at=now, updated_at=now,
+                created_at=now,
+                updated_at=now,
             )
             self._runs[run.id] = record
             return record, True
@@ -111,21 +123,29 @@ class MemoryStore:
             return self._runs.get(run_id)
 
     async def list_runs(
-        self, *, statuses: Sequence[RunStatus] = (), workflow: str | None = None,
+        self,
+        *,
+        statuses: Sequence[RunStatus] = (),
+        workflow: str | None = None,
         limit: int = 100,
     ) -> list[RunRecord]:
         with self._lock:
             runs = list(self._runs.values())
         wanted = set(statuses)
         runs = [
-            r for r in runs
+            r
+            for r in runs
             if (not wanted or r.status in wanted) and (workflow is None or r.workflow == workflow)
         ]
         runs.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return runs[: max(limit, 0)]
 
     async def claim_runs(
-        self, worker_id: str, workflows: Sequence[str], now: float, lease_until: float,
+        self,
+        worker_id: str,
+        workflows: Sequence[str],
+        now: float,
+        lease_until: float,
         limit: int,
     ) -> list[RunRecord]:
         with self._lock:
@@ -135,8 +155,13 @@ class MemoryStore:
             claimed: list[RunRecord] = []
             for run in due[: max(limit, 0)]:
                 new = replace(
-                    run, status=RunStatus.RUNNING, owner=worker_id, epoch=run.epoch + 1,
-                    lease_expires_at=lease_until, wake_at=None, updated_at=now,
+                    run,
+                    status=RunStatus.RUNNING,
+                    owner=worker_id,
+                    epoch=run.epoch + 1,
+                    lease_expires_at=lease_until,
+                    wake_at=None,
+                    updated_at=now,
                 )
                 self._runs[run.id] = new
                 claimed.append(new)
@@ -166,9 +191,15 @@ class MemoryStore:
                 new = replace(run, cancel_requested=True, updated_at=now)
             else:
                 new = replace(
-                    run, status=RunStatus.CANCELLED, error=error, owner=None,
-                    lease_expires_at=None, wake_at=None, cancel_requested=False,
-                    finished_at=now, updated_at=now,
+                    run,
+                    status=RunStatus.CANCELLED,
+                    error=error,
+                    owner=None,
+                    lease_expires_at=None,
+                    wake_at=None,
+                    cancel_requested=False,
+                    finished_at=now,
+                    updated_at=now,
                 )
             self._runs[run_id] = new
             return new
@@ -184,18 +215,25 @@ class MemoryStore:
         with self._lock:
             run = self._fenced(lease)
             self._history.setdefault(run.id, {})[checkpoint.seq] = checkpoint
-            self._runs[run.id] = replace(run, updated_at=now)
 
     async def suspend_run(self, lease: Lease, wake_at: float | None, now: float) -> None:
         with self._lock:
             run = self._fenced(lease)
             self._runs[run.id] = replace(
-                run, status=RunStatus.WAITING, owner=None, lease_expires_at=None,
-                wake_at=wake_at, updated_at=now,
+                run,
+                status=RunStatus.WAITING,
+                owner=None,
+                lease_expires_at=None,
+                wake_at=wake_at,
+                updated_at=now,
             )
 
     async def finish_run(
-        self, lease: Lease, status: RunStatus, result: str | None, error: str | None,
+        self,
+        lease: Lease,
+        status: RunStatus,
+        result: str | None,
+        error: str | None,
         now: float,
     ) -> None:
         if not RunStatus(status).terminal:
@@ -205,8 +243,15 @@ class MemoryStore:
         with self._lock:
             run = self._fenced(lease)
             self._runs[run.id] = replace(
-                run, status=RunStatus(status), result=result, error=error, owner=None,
-                lease_expires_at=None, cancel_requested=False, finished_at=now, updated_at=now,
+                run,
+                status=RunStatus(status),
+                result=result,
+                error=error,
+                owner=None,
+                lease_expires_at=None,
+                cancel_requested=False,
+                finished_at=now,
+                updated_at=now,
             )
 
     # -- helpers (call with the lock held) ----------------------------------------------------

@@ -41,19 +41,18 @@ SELECT min(t) FROM (
     SELECT min(lease_expires_at) FROM tether_runs
     WHERE status = 'running' AND workflow IN (SELECT value FROM json_each(:workflows)));
 
--- name: touch_leased_run
-UPDATE tether_runs SET updated_at = :now
-WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
-
 -- name: load_history
 SELECT seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at
 FROM tether_checkpoints WHERE run_id = :run_id ORDER BY seq;
 
 -- name: upsert_checkpoint
+-- Fenced in the same statement: no row is written unless the lease is held.
 INSERT OR REPLACE INTO tether_checkpoints
     (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at)
-VALUES (:run_id, :seq, :name, :kind, :status, :result, :error, :attempts, :started_at,
-        :finished_at, :retry_at);
+SELECT :run_id, :seq, :name, :kind, :status, :result, :error, :attempts, :started_at,
+       :finished_at, :retry_at
+WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = :run_id AND status = 'running'
+                                         AND owner = :worker AND epoch = :epoch);
 
 -- name: suspend_run
 UPDATE tether_runs

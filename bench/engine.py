@@ -1,0 +1,169 @@
+"""Engine benchmarks on SQLite: figures and ratios against the disk's raw commit rate, measured
+in the same run. Prints only; nothing here asserts a time.
+
+    python bench/engine.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tether
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def raw_commit_rate(folder: Path, n: int) -> float:
+    """One-row INSERT + COMMIT per transaction, WAL and synchronous=FULL: the disk's bound."""
+    conn = sqlite3.connect(folder / "raw.db", isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
+    start = time.perf_counter()
+    for i in range(n):
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("INSERT INTO t (v) VALUES (?)", (str(i),))
+        conn.execute("COMMIT")
+    elapsed = time.perf_counter() - start
+    conn.close()
+    return n / elapsed
+
+
+def make_app(url: str) -> tuple[tether.App, tether.Workflow[[int], int]]:
+    app = tether.App(url)
+
+    @app.step()
+    async def inc(x: int) -> int:
+        return x + 1
+
+    @app.workflow()
+    async def ten(x: int) -> int:
+        for _ in range(10):
+            x = await inc(x)
+        return x
+
+    return app, ten
+
+
+async def sequential(url: str, runs: int) -> float:
+    """Steps per second, one run after another, 10 trivial steps each."""
+    app, ten = make_app(url)
+    async with app:
+        await (await app.start(ten, 0)).result()  # warm up: schema, caches
+        start = time.perf_counter()
+        for _ in range(runs):
+            await (await app.start(ten, 0)).result()
+        elapsed = time.perf_counter() - start
+    return runs * 10 / elapsed
+
+
+async def concurrent(url: str, runs: int) -> float:
+    """Steps per second, `runs` runs of 10 steps started together."""
+    app, ten = make_app(url)
+    async with app:
+        await (await app.start(ten, 0)).result()
+        start = time.perf_counter()
+        handles = await asyncio.gather(*(app.start(ten, i) for i in range(runs)))
+        results = await asyncio.gather(*(h.result() for h in handles))
+        elapsed = time.perf_counter() - start
+    assert results == [i + 10 for i in range(runs)]
+    return runs * 10 / elapsed
+
+
+RECOVERY_SCRIPT = """
+import asyncio, sys, time
+sys.path.insert(0, {root!r})
+from bench.recovery_flow import make_app
+app, flow = make_app({url!r})
+async def main():
+    async with app:
+        handle = await app.start(flow, id="recover-me")
+        await handle.result()
+asyncio.run(main())
+"""
+
+
+def recovery(folder: Path) -> float:
+    """Seconds from a new process's start to the end of a run that a SIGKILL interrupted with
+    0.5 s of work left (5 steps of 0.1 s)."""
+    url = f"sqlite:///{folder}/recovery.db"
+    script = RECOVERY_SCRIPT.format(root=str(ROOT), url=url)
+    env = dict(
+        os.environ, TETHER_FAULTS="store.after_commit@write_checkpoint:work#5:completed=kill"
+    )
+    first = subprocess.run([sys.executable, "-c", script], env=env, check=False)
+    if first.returncode != -9:
+        raise RuntimeError(f"the first process was not killed (exit {first.returncode})")
+    env.pop("TETHER_FAULTS")
+    started = time.time()
+    subprocess.run([sys.executable, "-c", script], env=env, check=True)
+    conn = sqlite3.connect(f"{folder}/recovery.db")
+    (finished,) = conn.execute(
+        "SELECT finished_at FROM tether_runs WHERE id = 'recover-me'"
+    ).fetchone()
+    conn.close()
+    return float(finished) - started
+
+
+def import_time() -> float:
+    code = "import time; t = time.perf_counter(); import tether; print(time.perf_counter() - t)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    return float(out.stdout)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    scale = 0.25 if args.quick else 1.0
+    with tempfile.TemporaryDirectory(prefix="tether-bench-", dir=ROOT / "bench") as tmp:
+        folder = Path(tmp)
+        raw = raw_commit_rate(folder, int(2000 * scale))
+        seq = asyncio.run(sequential(f"sqlite:///{folder}/seq.db", int(200 * scale)))
+        off = asyncio.run(
+            sequential(f"sqlite:///{folder}/off.db?synchronous=OFF", int(300 * scale))
+        )
+        conc = asyncio.run(concurrent(f"sqlite:///{folder}/conc.db", 200))
+        rec = recovery(folder)
+        imp = import_time()
+    figures = {
+        "raw_commits_per_s": round(raw),
+        "sequential_steps_per_s": round(seq),
+        "sequential_ratio_to_raw": round(seq / raw, 2),
+        "concurrent_steps_per_s": round(conc),
+        "concurrent_ratio_to_raw": round(conc / raw, 2),
+        "overhead_us_per_step_sync_off": round(1e6 / off, 1),
+        "recovery_s": round(rec, 3),
+        "import_tether_s": round(imp, 3),
+    }
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print(f"raw SQLite commit (WAL, FULL)   {raw:10,.0f} commits/s")
+    print(
+        f"sequential, 10 steps per run    {seq:10,.0f} steps/s   {seq / raw:5.2f} x raw"
+        "   (target >= 0.6 x raw)"
+    )
+    print(
+        f"concurrent, 200 runs x 10 steps {conc:10,.0f} steps/s   {conc / raw:5.2f} x raw"
+        "   (target >= 10,000 steps/s)"
+    )
+    print(
+        f"overhead, synchronous=OFF       {1e6 / off:10.1f} us/step               (target <= 60 us)"
+    )
+    print(f"recovery, 0.5 s of work left    {rec:10.3f} s                     (target <= 0.9 s)")
+    print(f"import tether                   {imp:10.3f} s")
+
+
+if __name__ == "__main__":
+    main()

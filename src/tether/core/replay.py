@@ -1,0 +1,70 @@
+"""Replay a recorded history against the current workflow code, executing nothing.
+
+Used to check that code changes keep old runs replayable (golden histories in tests, and the
+replay check for operators). Steps and helpers return their recorded outcomes; reaching the end
+of the history stops the replay as a success. It never writes to a store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from tether.core.context import _RUN, Abandon, EndOfHistory, RunContext
+from tether.core.engine import Engine
+from tether.errors import NonDeterminismError
+from tether.store.base import Checkpoint, Lease
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayOutcome:
+    run_id: str
+    workflow: str
+    error: NonDeterminismError | None  # None: the history replays under the current code
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+async def replay(
+    engine: Engine, run_id: str, workflow: str, args: str, history: list[Checkpoint]
+) -> ReplayOutcome:
+    """Replay one run's history with the registered code of `workflow`."""
+    wf = engine.workflows.get(workflow)
+    if wf is None:
+        error = NonDeterminismError(
+            f"run {run_id!r} recorded workflow {workflow!r}, which this code does not register"
+        )
+        return ReplayOutcome(run_id, workflow, error)
+    ctx = RunContext(
+        engine,
+        run_id,
+        workflow,
+        Lease(run_id, "replay", -1),
+        {c.seq: c for c in history},
+        replay_only=True,
+    )
+
+    async def body() -> None:
+        _RUN.set(ctx)
+        positional, keywords = wf.decode_args(engine.serde, args)
+        try:
+            await wf.fn(*positional, **keywords)
+        except (EndOfHistory, Abandon):
+            raise
+        except Exception:  # noqa: S110 - the workflow's own failure is part of its history
+            pass
+        missing = ctx.unreplayed()
+        if missing is not None:
+            raise Abandon(ctx.divergence(missing))
+
+    try:
+        await asyncio.create_task(body())
+    except EndOfHistory:
+        pass
+    except Abandon as abandon:
+        if isinstance(abandon.cause, NonDeterminismError):
+            return ReplayOutcome(run_id, workflow, abandon.cause)
+        raise
+    return ReplayOutcome(run_id, workflow, None)

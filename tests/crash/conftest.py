@@ -1,0 +1,24 @@
+"""The crash tests' tally, printed once at the end of the session from what the tests did."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+TALLY = {"crash_points": 0, "lost_runs": 0, "duplicate_completions": 0}
+
+
+@pytest.fixture
+def crash_tally() -> dict[str, int]:
+    """Counters the crash tests add to: processes killed, runs not finished by the next process,
+    step bodies that ran again after their completion was recorded (and extra charge effects)."""
+    return TALLY
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if TALLY["crash_points"]:
+        terminalreporter.write_line(
+            f"crash points tried: {TALLY['crash_points']}, lost runs: {TALLY['lost_runs']}, "
+            f"duplicate step completions: {TALLY['duplicate_completions']}"
+        )

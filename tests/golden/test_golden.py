@@ -1,0 +1,59 @@
+"""Golden histories, recorded once and kept: the current workflow code must replay each of them,
+and must refuse the one recorded from an incompatible older version."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from tests.golden import flows
+
+import tether
+from tether.testing import assert_replays, check_history
+
+HERE = Path(__file__).parent
+COMPATIBLE = sorted(p for p in HERE.glob("*.json") if "nondeterministic" not in p.name)
+
+
+def current_app() -> tether.App:
+    app = tether.App("memory://")
+    flows.register(app)
+    return app
+
+
+def test_the_golden_folder_holds_histories_of_every_kind() -> None:
+    names = {p.stem for p in HERE.glob("*.json")}
+    assert {"order_v2", "greet", "batch", "order_v1_nondeterministic"} <= names
+
+
+@pytest.mark.parametrize("path", COMPATIBLE, ids=[p.stem for p in COMPATIBLE])
+async def test_a_recorded_history_replays_under_the_current_code(path: Path) -> None:
+    history = json.loads(path.read_text())
+    assert history["checkpoints"], "an empty history proves nothing"
+    await assert_replays(current_app(), history)
+
+
+async def test_a_history_of_the_older_order_workflow_fails_as_nondeterministic() -> None:
+    history = json.loads((HERE / "order_v1_nondeterministic.json").read_text())
+    outcome = await check_history(current_app(), history)
+    assert not outcome.ok
+    assert isinstance(outcome.error, tether.NonDeterminismError)
+    assert outcome.error.recorded[:2] == ["charge", "reserve"]
+    assert outcome.error.requested == ["reserve"]
+    assert "recorded 'charge' at position 0, this code asked for 'reserve'" in str(outcome.error)
+
+
+async def test_a_history_cut_short_replays_as_far_as_it_goes() -> None:
+    history = json.loads((HERE / "batch.json").read_text())
+    history["checkpoints"] = history["checkpoints"][:1]  # as if the run were still going
+    assert (await check_history(current_app(), history)).ok
+
+
+async def test_a_history_with_a_step_the_code_no_longer_asks_for_fails() -> None:
+    history = json.loads((HERE / "batch.json").read_text())
+    extra = dict(history["checkpoints"][-1], seq=len(history["checkpoints"]), name="audit")
+    history["checkpoints"].append(extra)
+    outcome = await check_history(current_app(), history)
+    assert outcome.error is not None
+    assert "stopped after 3 checkpoints" in str(outcome.error)
