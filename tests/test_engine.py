@@ -50,6 +50,27 @@ async def test_workflow_runs_its_steps_and_returns_their_result(make_app: MakeAp
         assert names == ["double", "add"]
 
 
+async def test_result_waits_across_several_polls_for_a_run_that_takes_a_while(
+    make_app: MakeApp,
+) -> None:
+    app = make_app()
+
+    @app.step()
+    async def slow() -> str:
+        await asyncio.sleep(0.6)  # longer than the handle's 0.25 s poll interval
+        return "late"
+
+    @app.workflow()
+    async def flow() -> str:
+        return await slow()
+
+    async with app:
+        handle = await app.start(flow)
+        with pytest.raises(tether.WaitTimeout, match="goes on"):
+            await handle.result(timeout=0.3)
+        assert await handle.result(timeout=10) == "late"
+
+
 async def test_repeated_steps_are_named_by_occurrence(make_app: MakeApp) -> None:
     app = make_app()
 

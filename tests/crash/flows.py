@@ -3,8 +3,9 @@ and a recorded `tether.uuid4()` between steps.
 
 Every step body first appends its checkpoint name ("fetch", "transform#2", ...) to the `bodies`
 side file (and to `bodies-<run id>`, for tests with several runs), flushed and fsynced, so the
-test can count body executions across processes that die with SIGKILL. `charge` then appends "<idempotency key>\\t<result>" to the `effects` side file: the
-effect its reconcile hook looks for after a crash.
+test can count body executions across processes that die with SIGKILL. `charge` then appends
+"<idempotency key>\\t<result>" to the `effects` side file: the effect its reconcile hook looks
+for after a crash.
 
 Environment of the process that imports this (set by the test for the first process only):
 CRASH_HANG_IN=<checkpoint name>  that body writes the marker file `started-<name>` and sleeps 60 s

@@ -38,7 +38,10 @@ ROOT = Path(__file__).resolve().parents[2]
 RUN_ID = "crash-run"
 ORDER = "order-1"
 LEASE = 15.0  # the App's default lease; recovery must not wait it out
-RECOVERY_BOUND = 10.0
+# Recovery must come from the startup check of dead local workers: well under the lease, and
+# under the first heartbeat (lease / 3), whose periodic check would also find the dead worker.
+RECOVERY_BOUND = 4.5
+HEARTBEAT = LEASE / 3
 PROC_TIMEOUT = 30.0
 SITES = ["store.before_write", "store.before_commit", "store.after_commit"]
 AT_MOST_ONCE = {"charge"}
@@ -98,18 +101,26 @@ class Durable:
         return None
 
 
-async def durable(db: Path) -> Durable:
+async def durable(db: Path, run_id: str = RUN_ID) -> Durable:
     """Read the run through the library (App.get -> handle.checkpoints), no worker started."""
+    return (await durables(db, [run_id]))[run_id]
+
+
+async def durables(db: Path, run_ids: list[str]) -> dict[str, Durable]:
     app = tether.App(f"sqlite:///{db}")
     try:
         await app.open()
         workers = len(await app.engine.store.list_workers())
-        try:
-            handle = await app.get(RUN_ID)
-        except tether.RunNotFound:
-            return Durable(None, 0, [], workers)
-        info = await handle.info()
-        return Durable(info.status, info.attempt, await handle.checkpoints(), workers)
+        found = {}
+        for run_id in run_ids:
+            try:
+                handle = await app.get(run_id)
+            except tether.RunNotFound:
+                found[run_id] = Durable(None, 0, [], workers)
+                continue
+            info = await handle.info()
+            found[run_id] = Durable(info.status, info.attempt, await handle.checkpoints(), workers)
+        return found
     finally:
         await app.close()
 
@@ -151,7 +162,9 @@ def proc_state(pid: int) -> str:
 class Proc:
     """One worker process (`python -m tests.crash.proc`), its output kept in a log file."""
 
-    def __init__(self, db: Path, side: Path, name: str, env: dict[str, str]) -> None:
+    def __init__(
+        self, db: Path, side: Path, name: str, env: dict[str, str], run_ids: tuple[str, ...] = ()
+    ) -> None:
         self.side, self.name = side, name
         self.log = side / f"{name}.log"
         full = {
@@ -163,7 +176,14 @@ class Proc:
         with open(self.log, "wb") as out:
             self.started = time.monotonic()
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "tests.crash.proc", str(db), str(side), RUN_ID],
+                [
+                    sys.executable,
+                    "-m",
+                    "tests.crash.proc",
+                    str(db),
+                    str(side),
+                    *(run_ids or [RUN_ID]),
+                ],
                 cwd=ROOT,
                 env=full,
                 stdin=subprocess.DEVNULL,
@@ -191,8 +211,8 @@ class Proc:
     def output(self) -> str:
         return f"--- {self.name} output:\n" + self.log.read_text(errors="replace")[-4000:]
 
-    def result(self) -> dict[str, object] | None:
-        path = self.side / f"result-{self.pid}.json"
+    def result(self, prefix: str = "result") -> dict[str, object] | None:
+        path = self.side / f"{prefix}-{self.pid}.json"
         return json.loads(path.read_text()) if path.exists() else None
 
 
@@ -299,7 +319,7 @@ async def crash_and_recover(
 def check_recovered(r: Recovery, expected_bodies: Counter[str]) -> None:
     """What holds after every crash: the run finished once, with the expected result and body
     counts, without waiting out a lease, and left no worker registered."""
-    assert r.seconds < RECOVERY_BOUND < LEASE, f"recovery took {r.seconds:.1f}s"
+    assert r.seconds < RECOVERY_BOUND < HEARTBEAT, f"recovery took {r.seconds:.1f}s"
     assert r.after.status is RunStatus.SUCCEEDED
     assert [c.name for c in r.after.checkpoints] == CHECKPOINTS
     assert all(c.status is CheckpointStatus.COMPLETED for c in r.after.checkpoints)
@@ -475,3 +495,88 @@ async def test_repeated_crashes(
     assert (r.before.status, r.before.epoch) == left
     check_recovered(r, expected)
     assert r.after.epoch == left[1] + (left[0] is not RunStatus.SUCCEEDED)
+
+
+# -- several runs sharing one group commit -------------------------------------------------------
+
+RUN_IDS = tuple(f"batch-{i}" for i in range(4))
+GROUP = [
+    (site, event)
+    for site in (B, A)
+    for event in ("fetch", "charge:started", "charge:completed", "finish_run")
+]
+
+
+@pytest.mark.parametrize(
+    ("site", "event"), GROUP, ids=[f"{e}-{s.removeprefix('store.')}" for s, e in GROUP]
+)
+async def test_kill_with_several_runs_in_one_group_commit(
+    site: str, event: str, tmp_path: Path, crash_tally: dict[str, int]
+) -> None:
+    """Four runs advance in lockstep, so their checkpoints share transactions; the first commit
+    holding `event` of any run is killed. Each run must lose or keep its part of that commit
+    whole, and the next process finishes all four."""
+    db = tmp_path / "tether.db"
+    label = "finish_run:*" if event == "finish_run" else LABEL[event]
+    first = Proc(db, tmp_path, "process-1", {"TETHER_FAULTS": f"{site}@{label}=kill"}, RUN_IDS)
+    await first.wait()
+    assert first.popen.returncode == -signal.SIGKILL, first.output()
+    before = await durables(db, list(RUN_IDS))
+    ran_before = {i: read_lines(tmp_path / f"bodies-{i}") for i in RUN_IDS}
+
+    second = Proc(db, tmp_path, "process-2", {}, RUN_IDS)
+    seconds = await second.wait()
+    after = await durables(db, list(RUN_IDS))
+    ran_after = {i: read_lines(tmp_path / f"bodies-{i}")[len(ran_before[i]) :] for i in RUN_IDS}
+    results = second.result("results") or {}
+    effects = read_lines(tmp_path / "effects")
+    crash_tally["crash_points"] += 1
+    crash_tally["slowest_recovery_ms"] = max(
+        crash_tally["slowest_recovery_ms"], round(seconds * 1000)
+    )
+    crash_tally["lost_runs"] += sum(
+        after[i].status is not RunStatus.SUCCEEDED or i not in results for i in RUN_IDS
+    )
+    crash_tally["duplicate_completions"] += sum(
+        reruns(before[i], ran_after[i]) for i in RUN_IDS
+    ) + max(0, len(effects) - len(RUN_IDS))
+
+    assert second.popen.returncode == 0, first.output() + second.output()
+    assert seconds < RECOVERY_BOUND < HEARTBEAT
+    # The kill hit the commit holding `event`: lost for every run, or kept (after_commit).
+    key = dict((e, cp) for e, _, cp in EVENTS)[event]
+    if key is None:
+        kept = [i for i in RUN_IDS if before[i].status is RunStatus.SUCCEEDED]
+    else:
+        kept = [i for i in RUN_IDS if before[i].states().get(key[0]) is key[1]]
+    assert bool(kept) == (site == A), kept
+
+    for i in RUN_IDS:
+        done = before[i].completed()
+        # What each run left is a prefix of its history: no commit of a run was half kept.
+        names = [c.name for c in before[i].checkpoints]
+        assert names == CHECKPOINTS[: len(names)]
+        assert names[: len(done)] == [n for n in CHECKPOINTS if n in done]
+        # Its bodies ran for its recorded steps, plus at most the one step in flight.
+        recorded = [n for n in STEPS if n in done]
+        assert ran_before[i][: len(recorded)] == recorded
+        assert len(ran_before[i]) - len(recorded) <= 1
+        assert not set(ran_after[i]) & done, (i, ran_after[i], done)
+        total = Counter(ran_before[i]) + Counter(ran_after[i])
+        assert set(total) == set(STEPS)
+        assert max(total.values()) <= 2, total
+
+        assert after[i].status is RunStatus.SUCCEEDED
+        assert [c.name for c in after[i].checkpoints] == CHECKPOINTS
+        assert all(c.status is CheckpointStatus.COMPLETED for c in after[i].checkpoints)
+        result = results[i]
+        assert isinstance(result, dict)
+        token = uuid.UUID(str(result["uuid"]))
+        assert result == expected_result(ORDER, str(token))
+        assert after[i].uuid() == token
+        if before[i].uuid() is not None:
+            assert before[i].uuid() == token
+    # One charge effect per run: four lines, four different idempotency keys.
+    assert len(effects) == len(RUN_IDS)
+    assert len({line.partition("\t")[0] for line in effects}) == len(RUN_IDS)
+    assert after[RUN_IDS[0]].workers == 0

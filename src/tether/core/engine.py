@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from tether.clock import Clock
 from tether.serde import Serde
-from tether.store.base import Store
+from tether.store.base import RunRecord, Store
 
 if TYPE_CHECKING:
     from tether.core.workflow import Workflow
@@ -35,14 +35,25 @@ class Engine:
     settings: Settings
     workflows: dict[str, Workflow[..., object]] = field(default_factory=dict)
     # Futures of local callers waiting for a run to end, so they wake without polling.
-    wakeups: dict[str, list[asyncio.Future[None]]] = field(default_factory=dict)
+    wakeups: dict[str, list[asyncio.Future[RunRecord | None]]] = field(default_factory=dict)
 
-    def run_ended(self, run_id: str) -> None:
-        for future in self.wakeups.pop(run_id, []):
-            if not future.done():
-                future.get_loop().call_soon_threadsafe(_resolve, future)
+    def run_ended(self, run_id: str, record: RunRecord | None) -> None:
+        """Wake this process's callers waiting on the run; `record` is its final state, when
+        known (else they read it)."""
+        futures = self.wakeups.pop(run_id, [])
+        if not futures:
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        for future in futures:
+            if future.get_loop() is running:
+                _resolve(future, record)
+            else:
+                future.get_loop().call_soon_threadsafe(_resolve, future, record)
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
+def _resolve(future: asyncio.Future[RunRecord | None], record: RunRecord | None) -> None:
     if not future.done():
-        future.set_result(None)
+        future.set_result(record)

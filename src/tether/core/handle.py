@@ -88,12 +88,14 @@ class RunHandle(Generic[R]):
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         loop = asyncio.get_running_loop()
         deadline = None if limit is None else loop.time() + limit
+        record: RunRecord | None = None
         while True:
             # Register before reading, so an end in between still wakes us.
-            future: asyncio.Future[None] = loop.create_future()
+            future: asyncio.Future[RunRecord | None] = loop.create_future()
             engine.wakeups.setdefault(self.id, []).append(future)
             try:
-                record = await self._record()
+                if record is None:
+                    record = await self._record()
                 if record.status.terminal:
                     return self._outcome(record)
                 wait = _POLL if deadline is None else min(_POLL, deadline - loop.time())
@@ -105,6 +107,10 @@ class RunHandle(Generic[R]):
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(wait):
                         await future
+                # The run's final state when this process ended it; else read it again (a
+                # timed-out wait cancels the future).
+                ended = future.done() and not future.cancelled()
+                record = future.result() if ended else None
             finally:
                 waiters = engine.wakeups.get(self.id)
                 if waiters is not None and future in waiters:
@@ -132,6 +138,6 @@ class RunHandle(Generic[R]):
             self.id, CANCELLED_ERROR, self._engine.clock.now()
         )
         if record.status.terminal:
-            self._engine.run_ended(self.id)
+            self._engine.run_ended(self.id, record)
         elif record.cancel_requested and self._cancel_local is not None:
             self._cancel_local(self.id)

@@ -8,6 +8,7 @@ Store port with its Lease; it never claims runs (the worker does).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -35,6 +36,7 @@ class Runner:
         self.cancel_requested = record.cancel_requested
         self.task: asyncio.Task[None] | None = None
         self.suspended = False  # the run was released to wait, and may be due again soon
+        self.final: RunRecord | None = None  # the run as this runner ended it
         self._wf_task: asyncio.Task[str] | None = None
 
     def request_cancel(self) -> None:
@@ -56,7 +58,7 @@ class Runner:
             # attempt (here or elsewhere) resumes the run from its checkpoints.
             log.exception("run %r stopped on a store error; it will be resumed", run_id)
         finally:
-            self.engine.run_ended(run_id)
+            self.engine.run_ended(run_id, self.final)
 
     async def _run(self) -> None:
         engine, record = self.engine, self.record
@@ -145,6 +147,18 @@ class Runner:
         await self._finish(RunStatus.FAILED, None, json.dumps(encode_error(exc)))
 
     async def _finish(self, status: RunStatus, result: str | None, error: str | None) -> None:
-        await self.engine.store.finish_run(
-            self.lease, status, result, error, self.engine.clock.now()
+        now = self.engine.clock.now()
+        await self.engine.store.finish_run(self.lease, status, result, error, now)
+        self.final = dataclasses.replace(
+            self.record,
+            status=status,
+            result=result,
+            error=error,
+            owner=None,
+            lease_expires_at=None,
+            wake_at=None,
+            cancel_requested=False,
+            updated_at=now,
+            finished_at=now,
+            epoch=self.lease.epoch,
         )

@@ -506,21 +506,21 @@ class SqliteStore:
 
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
         cp = checkpoint
-        args = {
-            "run_id": lease.run_id,
-            "seq": cp.seq,
-            "name": cp.name,
-            "kind": cp.kind,
-            "status": cp.status.value,
-            "result": cp.result,
-            "error": cp.error,
-            "attempts": cp.attempts,
-            "started_at": cp.started_at,
-            "finished_at": cp.finished_at,
-            "retry_at": cp.retry_at,
-            "worker": lease.worker_id,
-            "epoch": lease.epoch,
-        }
+        args = (
+            lease.run_id,
+            cp.seq,
+            cp.name,
+            cp.kind,
+            cp.status.value,
+            cp.result,
+            cp.error,
+            cp.attempts,
+            cp.started_at,
+            cp.finished_at,
+            cp.retry_at,
+            lease.worker_id,
+            lease.epoch,
+        )
 
         def op(c: sqlite3.Connection) -> None:
             if c.execute(_UPSERT_CHECKPOINT, args).rowcount != 1:

@@ -46,13 +46,13 @@ SELECT seq, name, kind, status, result, error, attempts, started_at, finished_at
 FROM tether_checkpoints WHERE run_id = :run_id ORDER BY seq;
 
 -- name: upsert_checkpoint
--- Fenced in the same statement: no row is written unless the lease is held.
+-- The hot path: fenced in the same statement (no row unless the lease is held), and bound by
+-- position (?1..?13), which SQLite binds markedly faster than names.
 INSERT OR REPLACE INTO tether_checkpoints
     (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at)
-SELECT :run_id, :seq, :name, :kind, :status, :result, :error, :attempts, :started_at,
-       :finished_at, :retry_at
-WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = :run_id AND status = 'running'
-                                         AND owner = :worker AND epoch = :epoch);
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11
+WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = ?1 AND status = 'running'
+                                         AND owner = ?12 AND epoch = ?13);
 
 -- name: suspend_run
 UPDATE tether_runs
