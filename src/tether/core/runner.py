@@ -37,13 +37,20 @@ class Runner:
         self.task: asyncio.Task[None] | None = None
         self.suspended = False  # the run was released to wait, and may be due again soon
         self.final: RunRecord | None = None  # the run as this runner ended it
-        self._wf_task: asyncio.Task[str] | None = None
+        self.stopping = False  # the worker stops: leave the run for the next one
+        self._in_workflow = False  # workflow code (not the runner's own bookkeeping) runs now
 
     def request_cancel(self) -> None:
         """End the run as cancelled: the workflow (and the step it awaits) sees CancelledError."""
         self.cancel_requested = True
-        if self._wf_task is not None:
-            self._wf_task.cancel()
+        if self._in_workflow and self.task is not None:
+            self.task.cancel()
+
+    def stop(self) -> None:
+        """Stop executing without ending the run (worker shutdown, lost lease)."""
+        self.stopping = True
+        if self.task is not None:
+            self.task.cancel()
 
     async def run(self) -> None:
         run_id = self.record.id
@@ -66,74 +73,84 @@ class Runner:
         if self.cancel_requested:
             await self._finish(RunStatus.CANCELLED, None, CANCELLED_ERROR)
             return
-        history = (
-            self.history
-            if self.history is not None
-            else (await engine.store.load_history(record.id))
-        )
+        history = self.history
+        if history is None:
+            history = await engine.store.load_history(record.id)
         while True:
             ctx = RunContext(
                 engine, record.id, workflow.name, self.lease, {c.seq: c for c in history}
             )
-            self._wf_task = asyncio.create_task(self._body(ctx, workflow))
+            # The workflow runs in this task (no task of its own: one less loop turn per run);
+            # the flags tell a user's cancel from the worker stopping.
+            token = _RUN.set(ctx)
+            self._in_workflow = True
+            failure: BaseException | None = None
             try:
-                result = await self._await_with_deadline(self._wf_task)
-            except ReplayNow:
-                await ctx.settled.wait()
+                result = await self._execute(ctx, workflow)
+            except BaseException as exc:  # sorted out below, once workflow code is done
+                failure = exc
+            finally:
+                self._in_workflow = False
+                _RUN.reset(token)
+            if failure is None:
+                await self._finish(RunStatus.SUCCEEDED, result, None)
+                return
+            if isinstance(failure, asyncio.CancelledError) and self.stopping:
+                raise failure
+            await ctx.settled.wait()  # concurrent steps of this execution have settled
+            if isinstance(failure, ReplayNow):
                 history = await engine.store.load_history(record.id)
                 continue
-            except Suspend as suspend:
-                await ctx.settled.wait()
-                await ctx.flush()
-                wake_at = suspend.wake_at
-                if record.deadline_at is not None:
-                    wake_at = (
-                        record.deadline_at if wake_at is None else min(wake_at, record.deadline_at)
-                    )
-                await engine.store.suspend_run(self.lease, wake_at, engine.clock.now())
-                self.suspended = True
-            except Abandon as abandon:
-                await ctx.settled.wait()
-                if isinstance(abandon.cause, LeaseLost):
-                    raise abandon.cause from None
-                await self._fail(abandon.cause)
-            except asyncio.CancelledError as exc:
-                if self._stopping():
-                    raise  # the worker is stopping: the run stays for the next one
-                await ctx.settled.wait()
-                if self.cancel_requested:
-                    await self._finish(RunStatus.CANCELLED, None, CANCELLED_ERROR)
-                else:  # the workflow's own code cancelled itself
-                    await self._fail(exc)
-            except Exception as exc:
-                await ctx.settled.wait()
-                await self._fail(exc)
-            else:
-                await self._finish(RunStatus.SUCCEEDED, result, None)
+            await self._conclude(ctx, failure)
             return
 
-    def _stopping(self) -> bool:
-        task = asyncio.current_task()
-        return task is not None and task.cancelling() > 0
+    async def _conclude(self, ctx: RunContext, failure: BaseException) -> None:
+        """Record what the workflow's exception means for the run."""
+        engine, record = self.engine, self.record
+        if isinstance(failure, Suspend):
+            await ctx.flush()
+            wake_at = failure.wake_at
+            if record.deadline_at is not None:
+                wake_at = (
+                    record.deadline_at if wake_at is None else min(wake_at, record.deadline_at)
+                )
+            await engine.store.suspend_run(self.lease, wake_at, engine.clock.now())
+            self.suspended = True
+        elif isinstance(failure, Abandon):
+            if isinstance(failure.cause, LeaseLost):
+                raise failure.cause from None
+            await self._fail(failure.cause)
+        elif isinstance(failure, asyncio.CancelledError):
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()  # the cancellation was the run's, and it is handled here
+            if self.cancel_requested:
+                await self._finish(RunStatus.CANCELLED, None, CANCELLED_ERROR)
+            else:  # the workflow's own code cancelled itself
+                await self._fail(failure)
+        elif isinstance(failure, Exception):
+            await self._fail(failure)
+        else:
+            raise failure  # KeyboardInterrupt, SystemExit: not the run's to record
 
-    async def _await_with_deadline(self, task: asyncio.Task[str]) -> str:
+    async def _execute(self, ctx: RunContext, workflow: Workflow[..., Any]) -> str:
         deadline = self.record.deadline_at
         if deadline is None:
-            return await task
-        remaining = deadline - self.engine.clock.now()
-        if remaining > 0:
-            done, _ = await asyncio.wait({task}, timeout=remaining)
-            if done:
-                return task.result()
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise WorkflowTimeout(
-            f"run {self.record.id!r} went past the timeout of workflow {self.record.workflow!r} "
-            f"and was failed; raise @app.workflow(timeout=...) if it needs longer"
-        )
+            return await self._body(ctx, workflow)
+        timeout = asyncio.timeout(deadline - self.engine.clock.now())
+        try:
+            async with timeout:
+                return await self._body(ctx, workflow)
+        except TimeoutError:
+            if not timeout.expired():
+                raise  # the workflow's own TimeoutError
+            raise WorkflowTimeout(
+                f"run {self.record.id!r} went past the timeout of workflow "
+                f"{self.record.workflow!r} and was failed; raise @app.workflow(timeout=...) "
+                f"if it needs longer"
+            ) from None
 
     async def _body(self, ctx: RunContext, workflow: Workflow[..., Any]) -> str:
-        _RUN.set(ctx)
         serde = self.engine.serde
         args, kwargs = workflow.decode_args(serde, self.record.args)
         result = await workflow.fn(*args, **kwargs)

@@ -46,8 +46,8 @@ class Worker:
         for task in self._tasks:
             task.cancel()
         runner_tasks = [r.task for r in self.runners.values() if r.task is not None]
-        for task in runner_tasks:
-            task.cancel()
+        for runner in self.runners.values():
+            runner.stop()
         await asyncio.gather(*self._tasks, *runner_tasks, return_exceptions=True)
         self._tasks = []
         with contextlib.suppress(Exception):
@@ -131,9 +131,9 @@ class Worker:
                 )
                 for run_id in reply.lost:
                     runner = self.runners.get(run_id)
-                    if runner is not None and runner.task is not None:
+                    if runner is not None:
                         log.warning("lost the lease on run %r; stopped executing it", run_id)
-                        runner.task.cancel()
+                        runner.stop()
                 for run_id in reply.cancel:
                     self.cancel(run_id)
                 await self.recover_local()
