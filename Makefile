@@ -21,7 +21,7 @@ check: install
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -p no:randomly tests/test_layout.py
+	$(BIN)/python -m pytest -q tests/test_layout.py
 
 demo: install
 	$(BIN)/python examples/crash_demo.py

@@ -1,0 +1,105 @@
+"""SQLite specifics: durability settings, group commit, and waiting for a lock held elsewhere
+without blocking the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+import tether
+from tether.store.base import NewRun
+from tether.store.sqlite import SqliteStore, parse_sqlite_url
+
+
+async def test_a_write_waits_for_a_lock_held_by_another_connection_without_blocking_the_loop(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(f"sqlite:///{tmp_path}/t.db")
+    await store.open()
+    other = sqlite3.connect(tmp_path / "t.db", isolation_level=None)
+    other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    loop = asyncio.get_running_loop()
+    loop.call_later(0.3, other.execute, "COMMIT")
+    started = time.monotonic()
+    record, created = await store.create_run(NewRun("r1", "wf", "{}"), 1.0)
+    waited = time.monotonic() - started
+    task.cancel()
+    other.close()
+    await store.close()
+    assert created
+    assert record.id == "r1"
+    assert waited >= 0.25  # it did wait for the lock...
+    assert ticks >= 10  # ...while the loop kept running
+
+
+async def test_concurrent_checkpoints_of_many_runs_share_commits(tmp_path: Path) -> None:
+    app = tether.App(f"sqlite:///{tmp_path}/g.db")
+    commits = 0
+    store = app.engine.store
+    assert isinstance(store, SqliteStore)
+    original = store._execute
+
+    def counting(conn: sqlite3.Connection, batch: list) -> None:  # type: ignore[type-arg]
+        nonlocal commits
+        commits += 1
+        original(conn, batch)
+
+    store._execute = counting  # type: ignore[method-assign]
+
+    @app.step()
+    async def inc(x: int) -> int:
+        return x + 1
+
+    @app.workflow()
+    async def ten(x: int) -> int:
+        for _ in range(10):
+            x = await inc(x)
+        return x
+
+    async with app:
+        handles = await asyncio.gather(*(app.start(ten, i) for i in range(100)))
+        assert [await h.result(timeout=30) for h in handles] == [i + 10 for i in range(100)]
+    # 100 runs x (create + 10 checkpoints + finish) = 1,200 writes; group commit shares them.
+    assert commits < 200, commits
+
+
+def test_durability_defaults_to_wal_and_synchronous_full(tmp_path: Path) -> None:
+    assert parse_sqlite_url(f"sqlite:///{tmp_path}/a.db") == (f"{tmp_path}/a.db", "FULL")
+    assert parse_sqlite_url("sqlite:///rel.db?synchronous=off") == ("rel.db", "OFF")
+
+    async def pragmas() -> tuple[str, int]:
+        store = SqliteStore(f"sqlite:///{tmp_path}/a.db")
+        await store.open()
+        assert store._inline is not None
+        mode = store._inline.execute("PRAGMA journal_mode").fetchone()[0]
+        sync = store._inline.execute("PRAGMA synchronous").fetchone()[0]
+        await store.close()
+        return mode, sync
+
+    assert asyncio.run(pragmas()) == ("wal", 2)  # 2 is FULL
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sqlite://", "names no file"),
+        ("sqlite:///x.db?synchronous=sometimes", "synchronous='SOMETIMES'"),
+        ("mysql://x", "unknown database URL"),
+    ],
+)
+def test_a_bad_database_url_is_refused_with_what_to_write(url: str, message: str) -> None:
+    with pytest.raises(tether.ConfigurationError, match=message):
+        tether.App(url)
