@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.crash.flows import STEPS, make_app, read_lines
 
 import tether
-from tests.crash.flows import STEPS, make_app, read_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNS = 40
@@ -72,7 +72,7 @@ def test_two_worker_processes_share_one_file_without_losing_or_repeating_work(
         for worker in workers:
             worker.send_signal(signal.SIGTERM)
         outputs = [worker.communicate(timeout=20) for worker in workers]
-    for worker, (out, err) in zip(workers, outputs, strict=True):
+    for worker, (_, err) in zip(workers, outputs, strict=True):
         assert worker.returncode == 0, err
         assert "database is locked" not in err
     for i in range(RUNS):
