@@ -167,6 +167,16 @@ def test_a_bad_database_url_exits_1_naming_the_url() -> None:
     assert "mysql://x/y" in result.stderr
 
 
+def test_inspecting_a_database_that_does_not_exist_says_so_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "nowhere.db"
+    result = invoke("runs", "--database", f"sqlite:///{missing}", "list")
+    assert result.exit_code == 1
+    assert "no database at" in result.stderr
+    assert not missing.exists()
+
+
 @pytest.fixture
 def module_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """tmp_path as the current directory; modules imported from it are forgotten afterwards."""

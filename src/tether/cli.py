@@ -27,7 +27,7 @@ from rich.text import Text
 from tether.app import App
 from tether.core.handle import RunInfo
 from tether.errors import ConfigurationError, TetherError
-from tether.store import default_url
+from tether.store import database_exists, default_url
 from tether.store.base import Checkpoint, RunStatus
 
 T = TypeVar("T")
@@ -93,6 +93,11 @@ def load_app(ref: str) -> App:
 def run_with_app(ctx: click.Context, work: Callable[[App], Awaitable[T]]) -> T:
     """Open the App chosen on the `runs` group, run `work` with it, and close it."""
     app_ref: str | None = ctx.obj["app"]
+    if not app_ref and not database_exists(ctx.obj["database"]):
+        raise ConfigurationError(
+            f"no database at {ctx.obj['database']!r}; pass --database URL (or set "
+            f"TETHER_DATABASE_URL), or --app module:app"
+        )
     app = load_app(app_ref) if app_ref else App(ctx.obj["database"])
 
     async def main() -> T:

@@ -34,3 +34,15 @@ def store_from_url(url: str) -> Store:
     raise ConfigurationError(
         f"unknown database URL {url!r}: use sqlite:///path/to/file.db or memory://"
     )
+
+
+def database_exists(url: str) -> bool:
+    """Whether the database at `url` exists already (inspection commands must not create one).
+    Servers (PostgreSQL) are taken to exist; connecting tells."""
+    if url.startswith("sqlite:"):
+        from pathlib import Path
+
+        from tether.store.sqlite import parse_sqlite_url
+
+        return Path(parse_sqlite_url(url)[0]).exists()
+    return True
