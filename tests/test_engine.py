@@ -725,7 +725,7 @@ async def test_a_worker_that_lost_its_lease_stops_and_the_new_owner_finishes(
         async with second:
             assert await (await second.get("fenced")).result(timeout=10) == "done"
             release.set()  # now the old owner's step finishes and tries to record
-            old_worker = first._worker
+            old_worker = first.engine.worker
             assert old_worker is not None
             async with asyncio.timeout(10):  # the old owner learns it lost the run and stops
                 while "fenced" in old_worker.runners:

@@ -12,7 +12,8 @@ import pytest
 
 import tether
 from tether.store.base import NewRun
-from tether.store.sqlite import SqliteStore, parse_sqlite_url
+from tether.store.sqlite import SqliteStore
+from tether.store.sqlite_commit import parse_sqlite_url
 
 
 async def test_a_write_waits_for_a_lock_held_by_another_connection_without_blocking_the_loop(
@@ -50,14 +51,14 @@ async def test_concurrent_checkpoints_of_many_runs_share_commits(tmp_path: Path)
     commits = 0
     store = app.engine.store
     assert isinstance(store, SqliteStore)
-    original = store._execute
+    original = store._db._execute
 
     def counting(conn: sqlite3.Connection, batch: list) -> None:  # type: ignore[type-arg]
         nonlocal commits
         commits += 1
         original(conn, batch)
 
-    store._execute = counting  # type: ignore[method-assign]
+    store._db._execute = counting  # type: ignore[method-assign]
 
     @app.step()
     async def inc(x: int) -> int:
@@ -83,9 +84,10 @@ def test_durability_defaults_to_wal_and_synchronous_full(tmp_path: Path) -> None
     async def pragmas() -> tuple[str, int]:
         store = SqliteStore(f"sqlite:///{tmp_path}/a.db")
         await store.open()
-        assert store._inline is not None
-        mode = store._inline.execute("PRAGMA journal_mode").fetchone()[0]
-        sync = store._inline.execute("PRAGMA synchronous").fetchone()[0]
+        inline = store._db._inline
+        assert inline is not None
+        mode = inline.execute("PRAGMA journal_mode").fetchone()[0]
+        sync = inline.execute("PRAGMA synchronous").fetchone()[0]
         await store.close()
         return mode, sync
 

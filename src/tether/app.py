@@ -7,7 +7,6 @@ and the handles. It holds no execution logic and imports no backend directly.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from types import TracebackType
@@ -17,13 +16,15 @@ from tether.clock import Clock, SystemClock
 from tether.core.engine import Engine, Settings
 from tether.core.handle import RunHandle, RunInfo
 from tether.core.retry import Retry
+from tether.core.start import check_run_id, create_run, new_run_id
 from tether.core.step import Step
+from tether.core.waits import check_key
 from tether.core.worker import Worker
 from tether.core.workflow import Workflow
-from tether.errors import ConfigurationError, IdempotencyConflict, RunNotFound
+from tether.errors import ConfigurationError, EventRefused, RunNotFound
 from tether.serde import DEFAULT_MAX_PAYLOAD, Serde
 from tether.store import default_url, store_from_url
-from tether.store.base import NewRun, RunStatus, Store
+from tether.store.base import RunStatus, Store
 
 if TYPE_CHECKING:
     from tether.sync import SyncApp
@@ -94,7 +95,6 @@ class App:
             settings=settings,
         )
         self._opened = False
-        self._worker: Worker | None = None
 
     def __repr__(self) -> str:
         return f"<tether.App {self.url!r}>"
@@ -174,25 +174,31 @@ class App:
             self._opened = True
 
     async def close(self) -> None:
-        if self._worker is not None:
-            await self._worker.stop()
-            self._worker = None
+        worker = self.engine.worker
+        if worker is not None:
+            self.engine.worker = None
+            await worker.stop()
         if self._opened:
             await self.engine.store.close()
             self._opened = False
 
     async def __aenter__(self) -> App:
         await self.open()
-        if self._worker is None:
+        if self.engine.worker is None:
             worker = Worker(self.engine)
+            self.engine.worker = worker
             await worker.start()
-            self._worker = worker
         return self
 
     async def __aexit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+    @property
+    def worker_id(self) -> str | None:
+        """The id of this App's in-process worker while it runs (`async with app:`)."""
+        return None if self.engine.worker is None else self.engine.worker.id
 
     @property
     def sync(self) -> SyncApp:
@@ -217,8 +223,8 @@ class App:
         return RunHandle(self.engine, run_id, cancel_local=self._cancel_local)
 
     def _cancel_local(self, run_id: str) -> None:
-        if self._worker is not None:
-            self._worker.cancel(run_id)
+        if self.engine.worker is not None:
+            self.engine.worker.cancel(run_id)
 
     async def start(
         self,
@@ -229,37 +235,26 @@ class App:
     ) -> RunHandle[R]:
         """Start a run; `id` is its idempotency key: the same id returns the same run."""
         wf = self._workflow(workflow)
-        if id is not None and (not isinstance(id, str) or not id or len(id) > 512):
-            raise ConfigurationError(f"a run id must be a non-empty str of <= 512 chars: {id!r}")
-        engine = self.engine
-        # Time-ordered default ids (like UUIDv7) keep inserts at the end of the B-trees.
-        run_id = id or f"{int(engine.clock.now() * 1000):012x}{secrets.token_hex(10)}"
-        text = wf.encode_args(engine.serde, args, kwargs)
+        check_run_id(id)
+        run_id = id or new_run_id(self.engine)
         await self.open()
-        now = engine.clock.now()
-        deadline = None if wf.timeout is None else now + wf.timeout.total_seconds()
-        worker = self._worker if self._worker is not None and self._worker.has_capacity() else None
-        lease_until = now + engine.settings.lease_duration
-        record, created = await engine.store.create_run(
-            NewRun(run_id, wf.name, text, deadline),
-            now,
-            owner=worker.id if worker else None,
-            lease_until=lease_until if worker else None,
-        )
-        if not created:
-            same = record.workflow == wf.name and (
-                record.args == text or engine.serde.loads(record.args) == engine.serde.loads(text)
-            )
-            if not same:
-                raise IdempotencyConflict(
-                    f"run {run_id!r} exists as {record.workflow}({record.args[:200]}), not "
-                    f"{wf.name}({text[:200]}); start with a new id or the same arguments"
-                )
-        elif worker is not None:
-            worker.launch(record, history=[])
-        elif self._worker is not None:
-            self._worker.notify()
+        await create_run(self.engine, wf, args, kwargs, run_id)
         return self._handle(run_id)
+
+    async def send(self, run_id: str, key: str, payload: object = None) -> None:
+        """Deliver an event to the run's mailbox; `tether.wait_for_event(key)` takes it (an
+        event sent before the run waits is kept for it). Raises RunNotFound, and EventRefused
+        for a run that has finished: nothing would ever read the event."""
+        check_key(key)
+        text = self.engine.serde.dumps(payload, what=f"the payload of event {key!r}")
+        await self.open()
+        record = await self.engine.store.deliver_event(run_id, key, text, self.engine.clock.now())
+        if record.status.terminal:
+            raise EventRefused(
+                f"run {run_id!r} has finished ({record.status.value}); the event {key!r} was "
+                f"not stored, since nothing would ever read it"
+            )
+        self.engine.wake(run_id)
 
     async def get(self, run_id: str) -> RunHandle[Any]:
         """A handle on an existing run; raises RunNotFound."""

@@ -294,7 +294,7 @@ async def serve(app: App, concurrency: int | None) -> None:
     try:
         async with app:
             # App exposes no public worker id yet; read its in-process worker's.
-            worker_id = str(getattr(getattr(app, "_worker", None), "id", "?"))
+            worker_id = str(app.worker_id)
             names = ", ".join(sorted(app.engine.workflows)) or "(none)"
             click.echo(
                 f"tether worker {worker_id} started on {app.url} "

@@ -8,6 +8,7 @@ is the default message, and every message says what was wrong and what to do nex
     ├── NotInWorkflow               a workflow-only helper called outside a running workflow
     ├── IdempotencyConflict         an existing run id started again with other arguments
     ├── RunNotFound                 no run with that id
+    ├── EventRefused                an event for a run that has finished
     ├── SerializationError          a value cannot be encoded or decoded as JSON
     │   └── PayloadTooLarge         an encoded value is over the configured limit
     ├── NonDeterminismError         replay asked for another sequence than the recorded history
@@ -52,6 +53,10 @@ class IdempotencyConflict(TetherError):
 
 class RunNotFound(TetherError):
     """No run has this id; check the id or list runs with `tether runs list`."""
+
+
+class EventRefused(TetherError):
+    """The run has finished, so the event was not stored; nothing would ever read it."""
 
 
 class SerializationError(TetherError):
@@ -145,6 +150,7 @@ class PermanentError(Exception):
 
 __all__ = [
     "ConfigurationError",
+    "EventRefused",
     "IdempotencyConflict",
     "LeaseLost",
     "NonDeterminismError",

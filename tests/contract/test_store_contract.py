@@ -18,6 +18,7 @@ from tether.store.base import (
     RunStatus,
     Store,
     WorkerInfo,
+    child_key,
 )
 
 NOW = 1000.0
@@ -551,3 +552,122 @@ async def test_list_runs_filters_by_status_and_workflow_and_respects_the_limit(
     assert [r.id for r in both] == ["x", "p4", "p3", "p2"]
     assert await store.list_runs(statuses=[RunStatus.FAILED]) == []
     assert await store.list_runs(workflow="unknown") == []
+
+
+# -- mailboxes, waits and children --------------------------------------------------------------
+
+
+def wait_checkpoint(seq: int, name: str = "event:go") -> Checkpoint:
+    return Checkpoint(seq=seq, name=name, kind="event", status=CheckpointStatus.COMPLETED)
+
+
+async def test_events_are_taken_once_each_in_order_per_key(store: Store) -> None:
+    await store.create_run(new("r1"), NOW)
+    lease = lease_of(await claim_one(store))
+    for payload in ('"a"', '"b"'):
+        await store.deliver_event("r1", "go", payload, NOW)
+    await store.deliver_event("r1", "other", '"x"', NOW)
+    first = await store.take_event(lease, ["go"], wait_checkpoint(0), NOW)
+    assert first == '{"key":"go","value":"a"}'
+    assert await store.take_event(lease, ["go"], wait_checkpoint(1, "event:go#2"), NOW)
+    assert await store.take_event(lease, ["go"], wait_checkpoint(2, "event:go#3"), NOW) is None
+    history = await store.load_history("r1")
+    assert [c.result for c in history] == ['{"key":"go","value":"a"}', '{"key":"go","value":"b"}']
+    taken = await store.take_event(lease, ["go", "other"], wait_checkpoint(2), NOW)
+    assert taken == '{"key":"other","value":"x"}'
+
+
+async def test_an_event_sent_before_the_wait_waits_in_the_mailbox(store: Store) -> None:
+    await store.create_run(new("r1"), NOW)
+    await store.deliver_event("r1", "early", "42", NOW)
+    lease = lease_of(await claim_one(store))
+    assert await store.take_event(lease, ["early"], wait_checkpoint(0, "event:early"), NOW)
+    assert (await store.load_history("r1"))[0].result == '{"key":"early","value":42}'
+
+
+async def test_taking_an_event_is_fenced_by_the_lease(store: Store) -> None:
+    await store.create_run(new("r1"), NOW)
+    old = lease_of(await claim_one(store, "w1"))
+    await store.release_worker("w1", NOW)
+    await claim_one(store, "w2")
+    await store.deliver_event("r1", "go", "1", NOW)
+    with pytest.raises(LeaseLost):
+        await store.take_event(old, ["go"], wait_checkpoint(0), NOW)
+    assert await store.load_history("r1") == []
+
+
+async def test_an_event_for_a_key_a_suspended_run_waits_on_makes_it_due(store: Store) -> None:
+    await store.create_run(new("r1"), NOW)
+    lease = lease_of(await claim_one(store))
+    await store.suspend_run(lease, NOW + 3600, NOW, wake_on=["go"])
+    run = await get(store, "r1")
+    assert (run.status, run.wake_at, run.wake_on) == (RunStatus.WAITING, NOW + 3600, ("go",))
+    await store.deliver_event("r1", "unrelated", "1", NOW + 1)
+    assert (await get(store, "r1")).wake_at == NOW + 3600
+    await store.deliver_event("r1", "go", "1", NOW + 2)
+    assert (await get(store, "r1")).wake_at == NOW + 2
+    [claimed] = await store.claim_runs("w2", [WF], NOW + 2, NOW + 2 + LEASE, 5)
+    assert claimed.id == "r1"
+
+
+async def test_suspending_when_the_event_already_arrived_leaves_the_run_due(store: Store) -> None:
+    await store.create_run(new("r1"), NOW)
+    lease = lease_of(await claim_one(store))
+    await store.deliver_event("r1", "go", "1", NOW)
+    await store.suspend_run(lease, None, NOW + 1, wake_on=["go"])
+    assert (await get(store, "r1")).wake_at == NOW + 1
+
+
+async def test_events_for_unknown_runs_raise_and_for_finished_runs_are_not_stored(
+    store: Store,
+) -> None:
+    with pytest.raises(RunNotFound, match="ghost"):
+        await store.deliver_event("ghost", "go", "1", NOW)
+    await store.create_run(new("r1"), NOW)
+    lease = lease_of(await claim_one(store))
+    await store.finish_run(lease, RunStatus.SUCCEEDED, "1", None, NOW)
+    before = await store.last_event_id()
+    record = await store.deliver_event("r1", "go", "1", NOW)
+    assert record.status is RunStatus.SUCCEEDED
+    assert await store.last_event_id() == before
+
+
+async def test_events_after_lists_new_events_oldest_first(store: Store) -> None:
+    await store.create_run(new("r1"), NOW)
+    start = await store.last_event_id()
+    await store.deliver_event("r1", "a", "1", NOW)
+    await store.deliver_event("r1", "b", "2", NOW)
+    refs = await store.events_after(start)
+    assert [(r.run_id, r.key) for r in refs] == [("r1", "a"), ("r1", "b")]
+    assert refs[0].id < refs[1].id == await store.last_event_id()
+    assert await store.events_after(refs[1].id) == []
+
+
+async def test_a_finished_child_tells_its_parent_through_the_mailbox(store: Store) -> None:
+    await store.create_run(new("parent"), NOW)
+    parent = lease_of(await claim_one(store, "w1"))
+    await store.suspend_run(parent, None, NOW, wake_on=[child_key("kid")])
+    await store.create_run(NewRun("kid", WF, "{}", parent_id="parent"), NOW, owner="w1",
+                           lease_until=NOW + LEASE)  # fmt: skip
+    kid = await get(store, "kid")
+    assert kid.parent_id == "parent"
+    await store.finish_run(lease_of(kid), RunStatus.SUCCEEDED, "7", None, NOW + 1)
+    assert (await get(store, "parent")).wake_at == NOW + 1
+    [claimed] = await store.claim_runs("w1", [WF], NOW + 1, NOW + LEASE, 5)
+    taken = await store.take_event(lease_of(claimed), [child_key("kid")], wait_checkpoint(0),
+                                   NOW + 1)  # fmt: skip
+    assert taken == '{"key":"%s","value":null}' % child_key("kid")
+
+
+async def test_cancelling_a_parent_cancels_its_unfinished_children(store: Store) -> None:
+    await store.create_run(new("parent"), NOW)
+    await store.create_run(NewRun("kid", WF, "{}", parent_id="parent"), NOW)
+    await store.create_run(NewRun("grandkid", WF, "{}", parent_id="kid"), NOW)
+    await store.create_run(NewRun("done", WF, "{}", parent_id="parent"), NOW, owner="w9",
+                           lease_until=NOW + LEASE)  # fmt: skip
+    await store.finish_run(lease_of(await get(store, "done")), RunStatus.SUCCEEDED, "1", None,
+                           NOW)  # fmt: skip
+    await store.cancel_run("parent", '{"type": "RunCancelled"}', NOW + 1)
+    for run_id in ("parent", "kid", "grandkid"):
+        assert (await get(store, run_id)).status is RunStatus.CANCELLED, run_id
+    assert (await get(store, "done")).status is RunStatus.SUCCEEDED

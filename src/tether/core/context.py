@@ -12,6 +12,7 @@ import hashlib
 import secrets
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -29,11 +30,13 @@ class _Signal(BaseException):
 
 
 class Suspend(_Signal):
-    """The run releases its worker until wake_at (a durable retry delay, a timer)."""
+    """The run releases its worker until wake_at (a durable retry delay, a timer), or until an
+    event arrives for one of the wake_on keys."""
 
-    def __init__(self, wake_at: float | None) -> None:
+    def __init__(self, wake_at: float | None, wake_on: Sequence[str] = ()) -> None:
         super().__init__(wake_at)
         self.wake_at = wake_at
+        self.wake_on = tuple(wake_on)
 
 
 class ReplayNow(_Signal):
@@ -141,6 +144,29 @@ class RunContext:
             self.abandoned = Abandon(exc)
             raise self.abandoned from None
         self.history[checkpoint.seq] = checkpoint
+
+    async def take_event(self, keys: Sequence[str], done: Checkpoint, now: float) -> str | None:
+        """Consume the oldest event for `keys` into the checkpoint `done` (see Store)."""
+        if self.abandoned is not None:
+            raise self.abandoned
+        if self.pending:
+            await self.flush()
+        try:
+            taken = await self.engine.store.take_event(self.lease, keys, done, now)
+        except LeaseLost as exc:
+            self.abandoned = Abandon(exc)
+            raise self.abandoned from None
+        if taken is not None:
+            self.history[done.seq] = done
+        return taken
+
+    def peek(self) -> Checkpoint | None:
+        """What the history holds at the next position, without taking it."""
+        return self.history.get(self.next_seq)
+
+    def replaying(self) -> bool:
+        """Whether the history holds checkpoints at or after the next position."""
+        return any(seq >= self.next_seq for seq in self.history)
 
     async def flush(self) -> None:
         """Write the recorded helpers still queued (before a step body runs or the run ends)."""

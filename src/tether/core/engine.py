@@ -15,6 +15,7 @@ from tether.serde import Serde
 from tether.store.base import RunRecord, Store
 
 if TYPE_CHECKING:
+    from tether.core.worker import Worker
     from tether.core.workflow import Workflow
 
 
@@ -36,6 +37,31 @@ class Engine:
     workflows: dict[str, Workflow[..., object]] = field(default_factory=dict)
     # Futures of local callers waiting for a run to end, so they wake without polling.
     wakeups: dict[str, list[asyncio.Future[RunRecord | None]]] = field(default_factory=dict)
+
+    # Futures of waits held in memory, by run: resolved when the run may have news (an event,
+    # a child's end), so the wait looks again at once instead of at its next timer.
+    wake_futures: dict[str, set[asyncio.Future[None]]] = field(default_factory=dict)
+    worker: Worker | None = None  # this process's worker, while it runs
+
+    def wake_future(self, run_id: str) -> asyncio.Future[None]:
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.wake_futures.setdefault(run_id, set()).add(future)
+        return future
+
+    def drop_wake_future(self, run_id: str, future: asyncio.Future[None]) -> None:
+        futures = self.wake_futures.get(run_id)
+        if futures is not None:
+            futures.discard(future)
+            if not futures:
+                del self.wake_futures[run_id]
+
+    def wake(self, run_id: str) -> None:
+        """The run may have news: wake its waits held here, or let the worker claim it."""
+        for future in self.wake_futures.get(run_id, ()):
+            if not future.done():
+                future.set_result(None)
+        if run_id not in self.wake_futures and self.worker is not None:
+            self.worker.notify()
 
     def run_ended(self, run_id: str, record: RunRecord | None) -> None:
         """Wake this process's callers waiting on the run; `record` is its final state, when

@@ -114,7 +114,9 @@ class Runner:
                 wake_at = (
                     record.deadline_at if wake_at is None else min(wake_at, record.deadline_at)
                 )
-            await engine.store.suspend_run(self.lease, wake_at, engine.clock.now())
+            await engine.store.suspend_run(
+                self.lease, wake_at, engine.clock.now(), wake_on=failure.wake_on
+            )
             self.suspended = True
         elif isinstance(failure, Abandon):
             if isinstance(failure.cause, LeaseLost):
@@ -166,6 +168,8 @@ class Runner:
     async def _finish(self, status: RunStatus, result: str | None, error: str | None) -> None:
         now = self.engine.clock.now()
         await self.engine.store.finish_run(self.lease, status, result, error, now)
+        if self.record.parent_id is not None:
+            self.engine.wake(self.record.parent_id)  # a parent waiting here learns at once
         self.final = dataclasses.replace(
             self.record,
             status=status,

@@ -18,6 +18,10 @@ from tether.store.base import Checkpoint, Lease, RunRecord
 
 log = logging.getLogger("tether.worker")
 
+# How often an idle worker asks the database whether another process wrote (cheap on SQLite):
+# the bound on how late a cross-process wake-up arrives.
+CHANGE_POLL = 0.01
+
 
 class Worker:
     def __init__(self, engine: Engine) -> None:
@@ -27,6 +31,7 @@ class Worker:
         self.runners: dict[str, Runner] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._events_seen = 0  # the newest event id this worker has looked at
 
     @property
     def lease_duration(self) -> float:
@@ -35,6 +40,7 @@ class Worker:
     async def start(self) -> None:
         store, now = self.engine.store, self.engine.clock.now()
         await store.register_worker(self.info, now)
+        self._events_seen = await store.last_event_id()
         await self.recover_local()
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="tether-claim"),
@@ -114,10 +120,29 @@ class Worker:
             timeout = settings.poll_interval
             if wake_at is not None:
                 timeout = min(timeout, max(0.0, wake_at - clock.now()) + 0.001)
+            await self._idle(timeout)
+
+    async def _idle(self, timeout: float) -> None:
+        """Until notified in-process, `timeout` passes, or another process changes the
+        database (looked at every CHANGE_POLL seconds): then the waits held here whose runs
+        got events wake, and the claim loop looks for due runs."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout
+        while not self._wake.is_set():
+            left = end - loop.time()
+            if left <= 0:
+                return
             # asyncio.timeout, not wait_for: 3.11's wait_for can swallow a cancellation.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(min(left, CHANGE_POLL)):
                     await self._wake.wait()
+            if not self._wake.is_set() and await self.engine.store.poll_changes():
+                refs = await self.engine.store.events_after(self._events_seen)
+                if refs:
+                    self._events_seen = refs[-1].id
+                for ref in refs:
+                    self.engine.wake(ref.run_id)
+                return
 
     async def _heartbeat_loop(self) -> None:
         engine = self.engine

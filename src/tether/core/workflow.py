@@ -56,10 +56,16 @@ class Workflow(Generic[P, R]):
         return f"<tether workflow {self.name!r}>"
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Awaitable[R]:
-        raise ConfigurationError(
-            f"workflow {self.name!r} is not called directly: start a run with "
-            f"`await app.start({self.name}, ...)`"
-        )
+        """Inside a workflow, `await workflow(...)` runs it as a child run and waits for it."""
+        from tether.core.context import _RUN, _STEP
+        from tether.core.start import call_child
+
+        if _RUN.get() is None or _STEP.get() is not None:
+            raise ConfigurationError(
+                f"workflow {self.name!r} is not called directly outside a workflow: start a "
+                f"run with `await app.start({self.name}, ...)`"
+            )
+        return call_child(self, args, kwargs)
 
     def encode_args(self, serde: Serde, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         try:

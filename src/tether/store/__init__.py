@@ -42,7 +42,7 @@ def database_exists(url: str) -> bool:
     if url.startswith("sqlite:"):
         from pathlib import Path
 
-        from tether.store.sqlite import parse_sqlite_url
+        from tether.store.sqlite_commit import parse_sqlite_url
 
         return Path(parse_sqlite_url(url)[0]).exists()
     return True

@@ -56,6 +56,20 @@ class RunRecord:
     created_at: float = 0.0
     updated_at: float = 0.0
     finished_at: float | None = None
+    parent_id: str | None = None  # the run that started this one as a child
+    wake_on: tuple[str, ...] = ()  # mailbox keys whose arrival wakes this waiting run
+
+
+def child_key(child_id: str) -> str:
+    """The mailbox key on which a parent learns that its child run ended."""
+    return f"tether:child:{child_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class EventRef:
+    id: int
+    run_id: str
+    key: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +99,7 @@ class NewRun:
     workflow: str
     args: str
     deadline_at: float | None = None
+    parent_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +191,12 @@ class Store(Protocol):
         is the hot path: one row). Raises LeaseLost if the lease is not held. Durable when this
         returns."""
 
-    async def suspend_run(self, lease: Lease, wake_at: float | None, now: float) -> None:
-        """Release the run as waiting until wake_at. Raises LeaseLost if the lease is not held."""
+    async def suspend_run(
+        self, lease: Lease, wake_at: float | None, now: float, wake_on: Sequence[str] = ()
+    ) -> None:
+        """Release the run as waiting until wake_at, or until an event arrives for one of the
+        `wake_on` keys; if such an event is already in the mailbox, the run is claimable at
+        once. Raises LeaseLost if the lease is not held."""
 
     async def finish_run(
         self,
@@ -187,10 +206,35 @@ class Store(Protocol):
         error: str | None,
         now: float,
     ) -> None:
-        """Record the run's final status and result or error; releases the lease.
+        """Record the run's final status and result or error; releases the lease. A child run
+        also delivers the event `child_key(its id)` to its parent, in the same transaction.
         Raises LeaseLost if the lease is not held."""
 
     async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
-        """Cancel a run: one nobody holds ends cancelled at once (with this error); one that a
-        worker holds is flagged and its worker ends it. Finished runs are left as they are.
-        Raises RunNotFound."""
+        """Cancel a run and, the same way, its unfinished children: one nobody holds ends
+        cancelled at once (with this error); one that a worker holds is flagged and its worker
+        ends it. Finished runs are left as they are. Raises RunNotFound."""
+
+    async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
+        """Append an event to the run's mailbox, unless the run has finished (then nothing is
+        written). A waiting run whose wake_on holds the key becomes claimable at once. Returns
+        the run as it was before. Raises RunNotFound."""
+
+    async def take_event(
+        self, lease: Lease, keys: Sequence[str], checkpoint: Checkpoint, now: float
+    ) -> str | None:
+        """Consume the oldest unconsumed event among `keys` and write `checkpoint` with the
+        result {"key": key, "value": payload} in the same transaction; returns that result.
+        With no such event nothing is written and None is returned. Raises LeaseLost."""
+
+    async def events_after(self, event_id: int, limit: int = 1000) -> list[EventRef]:
+        """Events appended after `event_id`, oldest first: how a worker holding waits in
+        memory learns of events that other processes delivered."""
+
+    async def last_event_id(self) -> int:
+        """The id of the newest event (0 when none)."""
+
+    async def poll_changes(self) -> bool:
+        """Whether another connection may have committed since the last call: a cheap look a
+        worker takes every few milliseconds. Backends that push notifications may return
+        False and wake workers themselves."""

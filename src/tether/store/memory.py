@@ -7,6 +7,7 @@ long as the object. It must not import tether.core or any other backend.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
@@ -14,12 +15,14 @@ from dataclasses import replace
 from tether.errors import LeaseLost, RunNotFound
 from tether.store.base import (
     Checkpoint,
+    EventRef,
     HeartbeatReply,
     Lease,
     NewRun,
     RunRecord,
     RunStatus,
     WorkerInfo,
+    child_key,
 )
 
 
@@ -33,6 +36,8 @@ class MemoryStore:
         self._runs: dict[str, RunRecord] = {}
         self._history: dict[str, dict[int, Checkpoint]] = {}
         self._workers: dict[str, WorkerInfo] = {}
+        # Mailboxes: [id, run id, key, payload, consumed_by] in arrival order.
+        self._events: list[list[object]] = []
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -108,6 +113,7 @@ class MemoryStore:
                 workflow=run.workflow,
                 args=run.args,
                 deadline_at=run.deadline_at,
+                parent_id=run.parent_id,
                 status=RunStatus.PENDING if owner is None else RunStatus.RUNNING,
                 owner=owner,
                 epoch=0 if owner is None else 1,
@@ -182,27 +188,71 @@ class MemoryStore:
 
     async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
         with self._lock:
+            if run_id not in self._runs:
+                raise RunNotFound(f"no run has id {run_id!r}; check the id or list runs")
+            todo = [run_id]
+            while todo:  # the run, then its unfinished descendants
+                current = self._runs[todo.pop()]
+                todo += [r.id for r in self._runs.values()
+                         if r.parent_id == current.id and not r.status.terminal]  # fmt: skip
+                if current.status.terminal:
+                    continue
+                if current.status is RunStatus.RUNNING:
+                    self._runs[current.id] = replace(current, cancel_requested=True, updated_at=now)
+                    continue
+                self._runs[current.id] = replace(
+                    current, status=RunStatus.CANCELLED, error=error, owner=None,
+                    lease_expires_at=None, wake_at=None, wake_on=(), cancel_requested=False,
+                    finished_at=now, updated_at=now,
+                )  # fmt: skip
+                if current.parent_id is not None:
+                    self._deliver(current.parent_id, child_key(current.id), "null", now)
+            return self._runs[run_id]
+
+    # -- mailboxes ----------------------------------------------------------------------------
+
+    async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
+        with self._lock:
             run = self._runs.get(run_id)
             if run is None:
                 raise RunNotFound(f"no run has id {run_id!r}; check the id or list runs")
-            if run.status.terminal:
-                return run
-            if run.status is RunStatus.RUNNING:
-                new = replace(run, cancel_requested=True, updated_at=now)
-            else:
-                new = replace(
-                    run,
-                    status=RunStatus.CANCELLED,
-                    error=error,
-                    owner=None,
-                    lease_expires_at=None,
-                    wake_at=None,
-                    cancel_requested=False,
-                    finished_at=now,
-                    updated_at=now,
-                )
-            self._runs[run_id] = new
-            return new
+            if not run.status.terminal:
+                self._deliver(run_id, key, payload, now)
+            return run
+
+    async def take_event(
+        self, lease: Lease, keys: Sequence[str], checkpoint: Checkpoint, now: float
+    ) -> str | None:
+        with self._lock:
+            run = self._fenced(lease)
+            for event in self._events:
+                if event[1] == run.id and event[2] in keys and event[4] is None:
+                    event[4] = checkpoint.name
+                    key = str(event[2])
+                    result = f'{{"key":{json.dumps(key)},"value":{event[3]}}}'
+                    self._history.setdefault(run.id, {})[checkpoint.seq] = replace(
+                        checkpoint, result=result
+                    )
+                    return result
+            return None
+
+    async def events_after(self, event_id: int, limit: int = 1000) -> list[EventRef]:
+        with self._lock:
+            return [EventRef(int(str(e[0])), str(e[1]), str(e[2])) for e in
+                    self._events[event_id : event_id + max(limit, 0)]]  # fmt: skip
+
+    async def last_event_id(self) -> int:
+        with self._lock:
+            return len(self._events)
+
+    async def poll_changes(self) -> bool:
+        return False  # one process: every change is announced in-process
+
+    def _deliver(self, run_id: str, key: str, payload: str, now: float) -> None:
+        self._events.append([len(self._events) + 1, run_id, key, payload, None])
+        run = self._runs[run_id]
+        if run.status is RunStatus.WAITING and key in run.wake_on:
+            self._runs[run_id] = replace(run, wake_at=now, updated_at=now)
 
     # -- history and fenced writes ------------------------------------------------------------
 
@@ -216,17 +266,16 @@ class MemoryStore:
             run = self._fenced(lease)
             self._history.setdefault(run.id, {})[checkpoint.seq] = checkpoint
 
-    async def suspend_run(self, lease: Lease, wake_at: float | None, now: float) -> None:
+    async def suspend_run(
+        self, lease: Lease, wake_at: float | None, now: float, wake_on: Sequence[str] = ()
+    ) -> None:
         with self._lock:
             run = self._fenced(lease)
+            waiting = any(e[1] == run.id and e[2] in wake_on and e[4] is None for e in self._events)
             self._runs[run.id] = replace(
-                run,
-                status=RunStatus.WAITING,
-                owner=None,
-                lease_expires_at=None,
-                wake_at=wake_at,
-                updated_at=now,
-            )
+                run, status=RunStatus.WAITING, owner=None, lease_expires_at=None,
+                wake_at=now if waiting else wake_at, wake_on=tuple(wake_on), updated_at=now,
+            )  # fmt: skip
 
     async def finish_run(
         self,
@@ -249,10 +298,13 @@ class MemoryStore:
                 error=error,
                 owner=None,
                 lease_expires_at=None,
+                wake_on=(),
                 cancel_requested=False,
                 finished_at=now,
                 updated_at=now,
             )
+            if run.parent_id is not None:
+                self._deliver(run.parent_id, child_key(run.id), "null", now)
 
     # -- helpers (call with the lock held) ----------------------------------------------------
 

@@ -3,9 +3,9 @@
 
 -- name: insert_run
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
-                         deadline_at, created_at, updated_at)
+                         deadline_at, parent_id, created_at, updated_at)
 VALUES (:id, :workflow, :status, :args, :owner, :epoch, :lease_expires_at,
-        :deadline_at, :now, :now)
+        :deadline_at, :parent_id, :now, :now)
 ON CONFLICT (id) DO NOTHING;
 
 -- name: get_run
@@ -55,16 +55,23 @@ WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = ?1 AND status = 'running'
                                          AND owner = ?12 AND epoch = ?13);
 
 -- name: suspend_run
+-- An event already in the mailbox for a key it waits on makes the run due at once.
 UPDATE tether_runs
-SET status = 'waiting', owner = NULL, lease_expires_at = NULL, wake_at = :wake_at,
+SET status = 'waiting', owner = NULL, lease_expires_at = NULL, wake_on = :wake_on,
+    wake_at = CASE WHEN EXISTS (
+        SELECT 1 FROM tether_events
+        WHERE run_id = :run_id AND consumed_by IS NULL
+          AND key IN (SELECT value FROM json_each(:wake_on)))
+        THEN :now ELSE :wake_at END,
     updated_at = :now
 WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
 
 -- name: finish_run
 UPDATE tether_runs
 SET status = :status, result = :result, error = :error, owner = NULL, lease_expires_at = NULL,
-    wake_at = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now
-WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
+    wake_at = NULL, wake_on = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now
+WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch
+RETURNING parent_id;
 
 -- name: extend_lease
 UPDATE tether_runs SET lease_expires_at = :lease_until
@@ -74,7 +81,7 @@ RETURNING cancel_requested;
 -- name: cancel_unowned
 UPDATE tether_runs
 SET status = 'cancelled', error = :error, owner = NULL, lease_expires_at = NULL, wake_at = NULL,
-    cancel_requested = 0, finished_at = :now, updated_at = :now
+    wake_on = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now
 WHERE id = :id AND status IN ('pending', 'waiting');
 
 -- name: cancel_owned
@@ -102,3 +109,35 @@ RETURNING id;
 
 -- name: delete_worker
 DELETE FROM tether_workers WHERE id = :id;
+
+-- name: children
+SELECT id FROM tether_runs
+WHERE parent_id = :id AND status NOT IN ('succeeded', 'failed', 'cancelled');
+
+-- name: insert_event
+INSERT INTO tether_events (run_id, key, payload, created_at)
+VALUES (:run_id, :key, :payload, :now);
+
+-- name: wake_for_event
+UPDATE tether_runs SET wake_at = :now, updated_at = :now
+WHERE id = :run_id AND status = 'waiting'
+  AND :key IN (SELECT value FROM json_each(wake_on));
+
+-- name: oldest_event
+SELECT id, key, payload FROM tether_events
+WHERE run_id = :run_id AND consumed_by IS NULL
+  AND key IN (SELECT value FROM json_each(:keys))
+ORDER BY id LIMIT 1;
+
+-- name: consume_event
+UPDATE tether_events SET consumed_by = :by, consumed_at = :now WHERE id = :id;
+
+-- name: events_after
+SELECT id, run_id, key FROM tether_events WHERE id > :after ORDER BY id LIMIT :limit;
+
+-- name: last_event_id
+SELECT coalesce(max(id), 0) FROM tether_events;
+
+-- name: lease_held
+SELECT 1 FROM tether_runs
+WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;

@@ -1,0 +1,130 @@
+"""Starting runs: from a caller (`app.start`) or from inside a workflow (a child run).
+
+The run id is the idempotency key: starting an existing id returns that run, and the same id
+with other arguments is refused. A child's id is derived from its parent's id and the position
+of the start in the parent's history, so replay finds the same child. This module creates runs
+and hands them to the local worker; it does not execute them.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Generator
+from typing import Any, Generic, TypeVar
+
+from tether.core.context import RunContext, current_run
+from tether.core.engine import Engine
+from tether.core.waits import ChildWait, join
+from tether.core.workflow import Workflow
+from tether.errors import ConfigurationError, IdempotencyConflict
+from tether.store.base import Checkpoint, CheckpointStatus, NewRun, RunRecord
+
+R = TypeVar("R")
+
+
+def new_run_id(engine: Engine) -> str:
+    # Time-ordered (like UUIDv7): inserts stay at the end of the B-trees.
+    return f"{int(engine.clock.now() * 1000):012x}{secrets.token_hex(10)}"
+
+
+def check_run_id(run_id: str | None) -> None:
+    if run_id is not None and (not isinstance(run_id, str) or not run_id or len(run_id) > 512):
+        raise ConfigurationError(f"a run id must be a non-empty str of <= 512 chars: {run_id!r}")
+
+
+async def create_run(
+    engine: Engine,
+    wf: Workflow[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    run_id: str,
+    *,
+    parent_id: str | None = None,
+) -> RunRecord:
+    """Create the run (or find the existing one with this id) and hand a new one to this
+    process's worker, if it runs and has room."""
+    text = wf.encode_args(engine.serde, args, kwargs)
+    now = engine.clock.now()
+    deadline = None if wf.timeout is None else now + wf.timeout.total_seconds()
+    worker = engine.worker if engine.worker is not None and engine.worker.has_capacity() else None
+    record, created = await engine.store.create_run(
+        NewRun(run_id, wf.name, text, deadline, parent_id=parent_id), now,
+        owner=worker.id if worker else None,
+        lease_until=now + engine.settings.lease_duration if worker else None,
+    )  # fmt: skip
+    if not created:
+        same = record.workflow == wf.name and (
+            record.args == text or engine.serde.loads(record.args) == engine.serde.loads(text)
+        )
+        if not same:
+            raise IdempotencyConflict(
+                f"run {run_id!r} exists as {record.workflow}({record.args[:200]}), not "
+                f"{wf.name}({text[:200]}); start with a new id or the same arguments"
+            )
+    elif worker is not None:
+        worker.launch(record, history=[])
+    elif engine.worker is not None:
+        engine.worker.notify()
+    return record
+
+
+class ChildHandle(Generic[R]):
+    """A child run, inside its parent workflow: `await handle` (or `await handle.result()`)
+    waits durably for it to end and returns its result or raises its RunFailed/RunCancelled."""
+
+    def __init__(self, run_id: str, workflow: str) -> None:
+        self.id = run_id
+        self.wait_spec = ChildWait(run_id, workflow)
+
+    def __repr__(self) -> str:
+        return f"<tether child run {self.id!r}>"
+
+    async def result(self) -> R:
+        value: R = await join(current_run("ChildHandle.result"), self.wait_spec)
+        return value
+
+    def __await__(self) -> Generator[Any, None, R]:
+        return self.result().__await__()
+
+
+async def start_child(
+    workflow: Workflow[..., R],
+    *args: Any,
+    id: str | None = None,
+    **kwargs: Any,
+) -> ChildHandle[R]:
+    """Start a child run of `workflow` from inside a workflow. Its id is derived from this
+    run's id and this call's position unless given; cancelling this run cancels the child."""
+    ctx = current_run("start_child")
+    if not isinstance(workflow, Workflow) or ctx.engine.workflows.get(workflow.name) is None:
+        raise ConfigurationError(f"{workflow!r} is not a workflow registered on this App")
+    check_run_id(id)
+    return await _start(ctx, workflow, args, kwargs, id)
+
+
+async def _start(
+    ctx: RunContext,
+    wf: Workflow[..., R],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    given_id: str | None,
+) -> ChildHandle[R]:
+    seq, name, recorded = ctx.slot(f"child:{wf.name}", "child")
+    if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
+        return ChildHandle(json.loads(recorded.result or '""'), wf.name)
+    if ctx.pending:
+        await ctx.flush()
+    child_id = given_id or f"{ctx.run_id}/{name}"
+    now = ctx.engine.clock.now()
+    await create_run(ctx.engine, wf, args, kwargs, child_id, parent_id=ctx.run_id)
+    await ctx.write(Checkpoint(seq=seq, name=name, kind="child", attempts=1,
+                               status=CheckpointStatus.COMPLETED, result=json.dumps(child_id),
+                               started_at=now, finished_at=ctx.engine.clock.now()))  # fmt: skip
+    return ChildHandle(child_id, wf.name)
+
+
+async def call_child(wf: Workflow[..., R], args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
+    """`await some_workflow(...)` inside a workflow: start it as a child and wait for it."""
+    handle = await _start(current_run(wf.name), wf, args, kwargs, None)
+    return await handle.result()

@@ -1,0 +1,332 @@
+"""The connections of one SQLite file and their group commit.
+
+Operations (functions of a connection) submitted from the event loop that opened the file
+collect during one loop iteration and commit together at its end, on the loop, in one
+transaction; when nothing else is ready an operation commits at once. When another connection
+holds the write lock, the batch goes to a writer thread that waits for it without blocking the
+loop. It knows nothing of runs or checkpoints: the SQLite Store builds on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import queue
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from tether import faults
+from tether.errors import ConfigurationError, StoreUnavailable
+
+T = TypeVar("T")
+SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+
+
+@dataclass(slots=True)
+class _Op:
+    fn: Callable[[sqlite3.Connection], Any]
+    write: bool
+    label: str
+    multi: bool  # writes with more than one statement: needs a savepoint to stay atomic
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[Any] | None  # None when executed at once, on the caller's turn
+    outcome: tuple[bool, Any] = field(default=(False, None))
+
+
+def _deliver(ops: list[_Op]) -> None:
+    for op in ops:
+        if op.future is None or op.future.done():
+            continue
+        ok, value = op.outcome
+        if ok:
+            op.future.set_result(value)
+        else:
+            op.future.set_exception(value)
+
+
+def parse_sqlite_url(url: str) -> tuple[str, str]:
+    """(path, synchronous mode) from sqlite:///relative.db or sqlite:////abs.db?synchronous=OFF."""
+    parts = urlsplit(url)
+    if parts.scheme != "sqlite":
+        raise ConfigurationError(f"not a sqlite URL: {url!r}; use sqlite:///path/to/file.db")
+    path = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    if not path:
+        raise ConfigurationError(f"the sqlite URL {url!r} names no file; use sqlite:///file.db")
+    sync = parse_qs(parts.query).get("synchronous", ["FULL"])[0].upper()
+    if sync not in SYNC_MODES:
+        raise ConfigurationError(f"synchronous={sync!r} in {url!r}: use one of {SYNC_MODES}")
+    return path, sync
+
+
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+class _Busy(Exception):
+    """Another connection holds the write lock: the inline path hands the batch to the thread."""
+
+
+class CommitQueue:
+    """One SQLite file's connections and its group commit; operations are functions of a
+    connection, run whole in a transaction."""
+
+    def __init__(
+        self,
+        path: str,
+        synchronous: str,
+        migrations: list[tuple[int, str]],
+        *,
+        busy_timeout: float = 30.0,
+    ) -> None:
+        self.path, self.synchronous = path, synchronous
+        self._migrations = migrations
+        self._busy_timeout = busy_timeout
+        self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._conn: sqlite3.Connection | None = None  # the writer thread's
+        self._inline: sqlite3.Connection | None = None  # the event loop's, never waits on locks
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._batch: list[_Op] = []
+        self._queued = 0  # operations handed to the thread and not yet done
+        self._data_version: int | None = None
+
+    def _connect(self, busy_timeout: float) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
+        )
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        return conn
+
+    async def open(self) -> None:
+        if self._thread is not None:
+            return
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            conn = self._connect(self._busy_timeout)
+            self._migrate(conn)
+            self._inline = self._connect(0)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
+        self._conn = conn
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._writer, name="tether-sqlite", daemon=True)
+        self._thread.start()
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS tether_migrations "
+                "(version INTEGER PRIMARY KEY, applied_at REAL NOT NULL)"
+            )
+            done = {r[0] for r in conn.execute("SELECT version FROM tether_migrations")}
+            for version, sql in self._migrations:
+                if version not in done:
+                    code = "\n".join(ln for ln in sql.splitlines() if not ln.startswith("--"))
+                    for statement in filter(str.strip, code.split(";")):
+                        conn.execute(statement)
+                    conn.execute(
+                        "INSERT INTO tether_migrations VALUES (?, "
+                        "(julianday('now') - 2440587.5) * 86400.0)",
+                        (version,),
+                    )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    async def close(self) -> None:
+        if self._thread is None:
+            return
+        if self._batch:
+            self._flush()
+        self._queue.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, self._thread.join)
+        self._thread = None
+        for conn in (self._conn, self._inline):
+            if conn is not None:
+                conn.close()
+        self._conn = self._inline = None
+
+    # Group commit has two paths. Operations submitted from the event loop that opened the
+    # store collect during one loop iteration and are flushed at its end, on the loop itself,
+    # in one transaction: no thread hop, and every run that became ready in that iteration
+    # shares the commit. If another connection holds the write lock (another process, or the
+    # thread), the batch goes to the writer thread, which waits for the lock without blocking
+    # the loop. Operations from other loops always go to the thread.
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, []
+        if self._queued or self._inline is None:
+            self._hand_over(batch)
+            return
+        try:
+            self._execute(self._inline, batch)
+        except _Busy:
+            self._hand_over(batch)
+            return
+        _deliver(batch)
+
+    def _hand_over(self, batch: list[_Op]) -> None:
+        self._queued += len(batch)
+        for op in batch:
+            self._queue.put(op)
+
+    def _writer(self) -> None:
+        conn = self._conn
+        assert conn is not None
+        stop = False
+        while not stop:
+            batch: list[_Op] = []
+            item: _Op | None = self._queue.get()
+            while True:
+                if item is None:
+                    stop = True
+                else:
+                    batch.append(item)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if not batch:
+                continue
+            while True:
+                try:
+                    self._execute(conn, batch)
+                    break
+                except _Busy:  # the busy timeout ran out: keep waiting, never drop work
+                    continue
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Op]] = {}
+            for op in batch:
+                by_loop.setdefault(op.loop, []).append(op)
+            for loop, ops in by_loop.items():
+                # A loop that closed while waiting has nobody left to tell (RuntimeError).
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(self._delivered, ops)
+
+    def _delivered(self, ops: list[_Op]) -> None:
+        if ops[0].loop is self._loop:
+            self._queued -= len(ops)
+        _deliver(ops)
+
+    def _execute(self, conn: sqlite3.Connection, batch: list[_Op]) -> None:
+        """Run a batch in one transaction; each operation's outcome is set on it. Raises _Busy
+        (nothing done) if the write lock cannot be had now."""
+        if len(batch) == 1 and not batch[0].multi and not faults.ENABLED:
+            # One single-statement operation: SQLite's implicit transaction is its atomic unit,
+            # which saves the BEGIN and COMMIT round trips. (With fault sites enabled the
+            # explicit path runs, so that "before commit" exists to be hit.)
+            op = batch[0]
+            try:
+                op.outcome = (True, op.fn(conn))
+            except sqlite3.OperationalError as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                if _locked(exc):
+                    raise _Busy() from exc
+                self._fail_all(batch, exc)
+            except Exception as exc:
+                op.outcome = (False, exc)
+            return
+        writes = any(op.write for op in batch)
+        # A statement is atomic by itself, and one operation alone has the transaction as its
+        # atomic unit: only multi-statement writes sharing a batch need savepoints.
+        shared = len(batch) > 1
+        if writes:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if _locked(exc):
+                    raise _Busy() from exc
+                self._fail_all(batch, exc)
+                return
+        try:
+            for op in batch:
+                if op.write:
+                    faults.hit("store.before_write", op.label)
+                savepoint = shared and op.multi
+                if savepoint:
+                    conn.execute("SAVEPOINT op")
+                try:
+                    op.outcome = (True, op.fn(conn))
+                except Exception as exc:
+                    op.outcome = (False, exc)
+                    if savepoint:
+                        conn.execute("ROLLBACK TO op")
+                    elif op.multi:  # alone in its transaction: undo it whole
+                        conn.execute("ROLLBACK")
+                        conn.execute("BEGIN IMMEDIATE")
+                if savepoint:
+                    conn.execute("RELEASE op")
+            if writes:
+                for op in batch:
+                    faults.hit("store.before_commit", op.label)
+                conn.execute("COMMIT")
+                for op in batch:
+                    faults.hit("store.after_commit", op.label)
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._fail_all(batch, exc)
+
+    def _fail_all(self, batch: list[_Op], exc: Exception) -> None:
+        failure = StoreUnavailable(f"SQLite write to {self.path!r} failed: {exc}")
+        failure.__cause__ = exc
+        for op in batch:
+            op.outcome = (False, failure)
+
+    async def submit(
+        self,
+        fn: Callable[[sqlite3.Connection], T],
+        *,
+        write: bool,
+        label: str = "",
+        multi: bool = False,
+    ) -> T:
+        if self._thread is None:
+            raise StoreUnavailable(f"the SQLite store {self.path!r} is not open; call open() first")
+        loop = asyncio.get_running_loop()
+        if loop is self._loop and not (
+            self._batch or self._queued or getattr(loop, "_ready", True) or self._inline is None
+        ):
+            # Nothing else is ready (CPython's private ready queue is empty): waiting for a
+            # loop iteration would only add latency, so commit now, on this call.
+            op = _Op(fn, write, label, multi, loop, None)
+            try:
+                self._execute(self._inline, [op])
+            except _Busy:
+                pass  # another connection holds the lock: the thread waits for it below
+            else:
+                ok, value = op.outcome
+                if ok:
+                    return value  # type: ignore[no-any-return]
+                raise value
+        future: asyncio.Future[T] = loop.create_future()
+        op = _Op(fn, write, label, multi, loop, future)
+        if loop is not self._loop:
+            self._queue.put(op)
+        elif self._queued or self._inline is None:
+            self._hand_over([op])
+        else:
+            # Others are about to run in this loop iteration: let them join the commit.
+            self._batch.append(op)
+            if len(self._batch) == 1:
+                loop.call_soon(self._flush)
+        return await future
+
+    async def poll_changes(self) -> bool:
+        """Whether another connection committed since the last call (PRAGMA data_version:
+        cheap, so read directly, without a trip through the batching)."""
+        conn = self._inline
+        if conn is None:
+            return False
+        version = conn.execute("PRAGMA data_version").fetchone()[0]
+        changed = version != self._data_version
+        self._data_version = version
+        return bool(changed)
