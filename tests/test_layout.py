@@ -16,6 +16,18 @@ SRC = Path(tether.__file__).parent
 
 # The public API, as promised: adding a name is a decision, removing one is a breaking change.
 PUBLIC = {
+    "ChildHandle",
+    "EventRefused",
+    "Winner",
+    "event",
+    "patched",
+    "sleep",
+    "sleep_until",
+    "start_child",
+    "timer",
+    "timer_until",
+    "wait_any",
+    "wait_for_event",
     "App",
     "Checkpoint",
     "CheckpointStatus",

@@ -3,21 +3,23 @@
 How the system works, in one page. A *workflow* is an `async def` registered with
 `@app.workflow()`; it orchestrates *steps*, functions registered with `@app.step()` that do the
 I/O. `app.start(workflow, ..., id=...)` creates a *run* row (the id is the idempotency key). A
-*worker* (the in-process one of `async with app:`, or `tether worker module:app`) claims runnable
-runs through the Store port: each claim takes a *lease* and bumps the run's epoch, so a worker
-that lost its lease has its next write rejected. The runner executes the workflow; every step
-call takes the next position in the run's history, and its outcome (result, error, retry state)
-is written as a *checkpoint* before the workflow sees it. After a crash, another worker claims
-the run and *replays* the workflow: recorded checkpoints return their recorded values without
-running the body, so execution continues from the first unrecorded step. Replay that asks for
-another sequence than the history raises NonDeterminismError instead of re-running effects.
-`tether.now()`, `uuid4()` and `random()` are recorded too. Retries wait durably: the due time of
-the next attempt is stored, and a long delay releases the run until then. Steps declared
-`at_most_once` write a start marker; a crash between marker and outcome is reconciled by a hook
-or fails the run with StepOutcomeUnknown, never silently re-run. On SQLite a single writer thread
-group-commits the checkpoints of many runs into one transaction and one fsync (WAL, FULL).
-Values are JSON (never pickle), rebuilt from type hints. Layering, downwards only:
-app/cli -> core (registry, context, step, runner, worker, lease, handle) -> store.base ->
+*worker* (the in-process one of `async with app:`, or `tether worker module:app`) claims
+runnable runs through the Store port: each claim takes a *lease* and bumps the run's epoch, so a
+worker that lost its lease has its next write rejected. The runner executes the workflow; every
+step call takes the next position in the run's history, and its outcome (result, error, retry
+state) is written as a *checkpoint* before the workflow sees it. After a crash, another worker
+claims the run and *replays* the workflow: recorded checkpoints return their recorded values
+without running the body, so execution continues from the first unrecorded step. Replay that
+asks for another sequence than the history raises NonDeterminismError instead of re-running
+effects. `tether.now()`, `uuid4()` and `random()` are recorded too. Waits (sleep, events from
+the run's mailbox, child runs, the first of several) are checkpoints as well: a run holds its
+worker for a short wait, then suspends, holding nothing, until the store wakes it. Retries wait
+durably: the due time of the next attempt is stored, and a long delay releases the run until
+then. Steps declared `at_most_once` write a start marker; a crash between marker and outcome is
+reconciled by a hook or fails the run with StepOutcomeUnknown, never silently re-run. On SQLite
+a single writer thread group-commits the checkpoints of many runs into one transaction and one
+fsync (WAL, FULL). Values are JSON (never pickle), rebuilt from type hints. Layering, downwards
+only: app/cli -> core (registry, context, step, runner, worker, lease, handle) -> store.base ->
 serde, clock, errors; backends (store.sqlite, store.memory) are chosen by URL at run time.
 """
 
@@ -27,13 +29,25 @@ from datetime import datetime
 
 from tether.app import App
 from tether.clock import to_datetime
-from tether.core.context import idempotency_key, now_seconds, random, uuid4
+from tether.core.context import idempotency_key, now_seconds, patched, random, uuid4
 from tether.core.handle import RunHandle, RunInfo
 from tether.core.retry import NO_RETRY, Retry
+from tether.core.start import ChildHandle, start_child
 from tether.core.step import NOT_DONE, Step
+from tether.core.waits import (
+    Winner,
+    event,
+    sleep,
+    sleep_until,
+    timer,
+    timer_until,
+    wait_any,
+    wait_for_event,
+)
 from tether.core.workflow import Workflow
 from tether.errors import (
     ConfigurationError,
+    EventRefused,
     IdempotencyConflict,
     LeaseLost,
     NonDeterminismError,
@@ -69,7 +83,9 @@ __all__ = [
     "App",
     "Checkpoint",
     "CheckpointStatus",
+    "ChildHandle",
     "ConfigurationError",
+    "EventRefused",
     "IdempotencyConflict",
     "LeaseLost",
     "NonDeterminismError",
@@ -94,9 +110,19 @@ __all__ = [
     "TetherError",
     "WaitTimeout",
     "Workflow",
+    "Winner",
     "WorkflowTimeout",
+    "event",
     "idempotency_key",
     "now",
+    "patched",
     "random",
+    "sleep",
+    "sleep_until",
+    "start_child",
+    "timer",
+    "timer_until",
     "uuid4",
+    "wait_any",
+    "wait_for_event",
 ]

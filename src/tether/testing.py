@@ -1,22 +1,107 @@
-"""The public test kit: an in-memory store, and histories exported from a database and replayed
-against current code (golden histories in a test suite).
+"""The public test kit: a fake clock that makes timers and timeouts instant, a helper that runs
+the worker until nothing is left to do, an in-memory store, and histories exported from a
+database and replayed against current code (golden histories in a test suite).
 
-It builds on the App and the engine's replay; it adds no engine behaviour of its own.
+It builds on the App and the engine; it adds no engine behaviour of its own.
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import heapq
+import itertools
 import json
 from dataclasses import asdict
+from datetime import datetime, timedelta
 from typing import Any
 
 from tether.app import App
 from tether.core.replay import ReplayOutcome, replay
 from tether.errors import ConfigurationError, NonDeterminismError, RunNotFound
-from tether.store.base import Checkpoint, CheckpointStatus
+from tether.store.base import Checkpoint, CheckpointStatus, RunStatus
 from tether.store.memory import MemoryStore
 
 HISTORY_FORMAT = "tether.history/1"
+
+
+class FakeClock:
+    """A clock that moves only when told: `advance()` fires every sleep that falls due, so
+    durable timers, retry delays and timeouts take no real time in tests."""
+
+    def __init__(self, start: float | datetime = 1_800_000_000.0) -> None:
+        self._now = start.timestamp() if isinstance(start, datetime) else float(start)
+        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    def now(self) -> float:
+        return self._now
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds <= 0:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (self._now + seconds, next(self._order), future))
+        await future
+
+    def next_due(self) -> float | None:
+        """When the earliest pending sleep ends, if any."""
+        while self._sleepers and self._sleepers[0][2].done():
+            heapq.heappop(self._sleepers)  # cancelled sleeps
+        return self._sleepers[0][0] if self._sleepers else None
+
+    def advance(self, by: timedelta | float) -> None:
+        """Move time forward and end the sleeps that fall due."""
+        seconds = by.total_seconds() if isinstance(by, timedelta) else float(by)
+        if seconds < 0:
+            raise ConfigurationError("a FakeClock only moves forward")
+        self.set(self._now + seconds)
+
+    def set(self, when: float) -> None:
+        self._now = max(self._now, when)
+        while self._sleepers and self._sleepers[0][0] <= self._now:
+            _, _, future = heapq.heappop(self._sleepers)
+            if not future.done():
+                future.set_result(None)
+
+
+def fake_app(url: str = "memory://", *, clock: FakeClock | None = None, **options: Any) -> App:
+    """An App for tests on a FakeClock (waits always suspend, so `run_until_idle` can move time
+    from one due run to the next)."""
+    app = App(url, clock=clock or FakeClock(), **options)
+    app.engine.settings = dataclasses.replace(app.engine.settings, inline_wait_max=0.0)
+    return app
+
+
+async def run_until_idle(app: App, *, advance: bool = True, timeout: float = 30.0) -> None:
+    """Let the in-process worker (`async with app:`) run until no run can go on. With a
+    FakeClock and `advance`, time jumps to the next timer whenever everything waits."""
+    engine = app.engine
+    worker = engine.worker
+    if worker is None:
+        raise ConfigurationError(
+            "run_until_idle needs the worker: call it inside `async with app:`"
+        )
+    clock = engine.clock
+    async with asyncio.timeout(timeout):
+        while True:
+            while worker.runners:
+                await asyncio.sleep(0.001)
+            names = list(engine.workflows)
+            pending = await engine.store.list_runs(statuses=[RunStatus.PENDING], limit=1)
+            due = await engine.store.next_wake_at(names) if names else None
+            if isinstance(clock, FakeClock):
+                soonest = clock.next_due()
+                due = soonest if due is None else min(due, soonest or due)
+            if pending or (due is not None and due <= clock.now()):
+                worker.notify()
+            elif due is not None and advance and isinstance(clock, FakeClock):
+                clock.set(due)
+                worker.notify()
+            else:
+                return
+            await asyncio.sleep(0.005)  # let the worker claim what is due
 
 
 async def export_history(app: App, run_id: str) -> dict[str, Any]:
@@ -63,6 +148,9 @@ async def assert_replays(app: App, history: dict[str, Any]) -> None:
 
 __all__ = [
     "HISTORY_FORMAT",
+    "FakeClock",
+    "fake_app",
+    "run_until_idle",
     "MemoryStore",
     "NonDeterminismError",
     "ReplayOutcome",

@@ -656,7 +656,7 @@ async def test_a_finished_child_tells_its_parent_through_the_mailbox(store: Stor
     [claimed] = await store.claim_runs("w1", [WF], NOW + 1, NOW + LEASE, 5)
     taken = await store.take_event(lease_of(claimed), [child_key("kid")], wait_checkpoint(0),
                                    NOW + 1)  # fmt: skip
-    assert taken == '{"key":"%s","value":null}' % child_key("kid")
+    assert taken == f'{{"key":"{child_key("kid")}","value":null}}'
 
 
 async def test_cancelling_a_parent_cancels_its_unfinished_children(store: Store) -> None:

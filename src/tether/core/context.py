@@ -17,7 +17,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tether.errors import LeaseLost, NonDeterminismError, NotInWorkflow
+from tether.errors import ConfigurationError, LeaseLost, NonDeterminismError, NotInWorkflow
 from tether.store.base import Checkpoint, CheckpointStatus, Lease
 
 if TYPE_CHECKING:
@@ -91,6 +91,11 @@ class RunContext:
 
     def __post_init__(self) -> None:
         self.settled.set()
+
+    def next_name(self, base: str) -> str:
+        """The name the next checkpoint called `base` would get (`base`, `base#2`, ...)."""
+        count = self.occurrences[base] + 1
+        return base if count == 1 else f"{base}#{count}"
 
     def slot(self, base: str, kind: str) -> tuple[int, str, Checkpoint | None]:
         """The next position in the history for a checkpoint named `base`, and what is recorded
@@ -243,6 +248,37 @@ def uuid4() -> uuid.UUID:
 def random() -> float:
     """A random float in [0, 1), recorded: the same value when the run replays."""
     return float(_recorded("random", lambda: secrets.randbits(53) / (1 << 53)))
+
+
+def patched(change_id: str) -> bool:
+    """Whether this run takes the new code path of a change: True for runs that reach this call
+    under the new code (a marker is recorded), False when replaying a history recorded before
+    the change. Gate a changed sequence of steps with it, and remove it once old runs ended."""
+    if not isinstance(change_id, str) or not change_id:
+        raise ConfigurationError(f"tether.patched() takes a non-empty change id, not {change_id!r}")
+    ctx = current_run("patched")
+    base = f"patch:{change_id}"
+    at = ctx.peek()
+    if at is not None and at.kind == "patch" and at.name == ctx.next_name(base):
+        ctx.slot(base, "patch")
+        return True
+    if ctx.replaying():
+        return False  # recorded before the change: keep the old path
+    seq, name, _ = ctx.slot(base, "patch")
+    now = ctx.engine.clock.now()
+    ctx.pending.append(
+        Checkpoint(
+            seq=seq,
+            name=name,
+            kind="patch",
+            status=CheckpointStatus.COMPLETED,
+            result="true",
+            attempts=1,
+            started_at=now,
+            finished_at=now,
+        )
+    )
+    return True
 
 
 def idempotency_key() -> str:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 class Settings:
     lease_duration: float = 15.0  # seconds a lease lasts without a heartbeat
     inline_wait_max: float = 2.0  # waits up to this long hold the lease; longer ones suspend
+    max_held_waits: int = 1000  # waits held in memory at once; beyond, waiting runs suspend
     poll_interval: float = 1.0  # fallback for work created by other processes
     concurrency: int = 1000  # runs one worker executes at once
     force_replay: bool = False  # replay the run from the store after every new checkpoint

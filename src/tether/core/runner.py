@@ -38,6 +38,7 @@ class Runner:
         self.suspended = False  # the run was released to wait, and may be due again soon
         self.final: RunRecord | None = None  # the run as this runner ended it
         self.stopping = False  # the worker stops: leave the run for the next one
+        self.timed_out = False  # the workflow's deadline passed while it ran
         self._in_workflow = False  # workflow code (not the runner's own bookkeeping) runs now
 
     def request_cancel(self) -> None:
@@ -139,18 +140,35 @@ class Runner:
         deadline = self.record.deadline_at
         if deadline is None:
             return await self._body(ctx, workflow)
-        timeout = asyncio.timeout(deadline - self.engine.clock.now())
+        remaining = deadline - self.engine.clock.now()
+        if remaining <= 0:
+            raise self._timeout()
+        # The watchdog sleeps on the engine's clock, so a test's fake clock moves it too.
+        watchdog = asyncio.ensure_future(self._expire(remaining))
         try:
-            async with timeout:
-                return await self._body(ctx, workflow)
-        except TimeoutError:
-            if not timeout.expired():
-                raise  # the workflow's own TimeoutError
-            raise WorkflowTimeout(
-                f"run {self.record.id!r} went past the timeout of workflow "
-                f"{self.record.workflow!r} and was failed; raise @app.workflow(timeout=...) "
-                f"if it needs longer"
-            ) from None
+            return await self._body(ctx, workflow)
+        except asyncio.CancelledError:
+            if not self.timed_out or self.stopping:
+                raise
+            task = asyncio.current_task()
+            if task is not None:
+                task.uncancel()
+            raise self._timeout() from None
+        finally:
+            watchdog.cancel()
+
+    async def _expire(self, seconds: float) -> None:
+        await self.engine.clock.sleep(seconds)
+        if self._in_workflow and self.task is not None:
+            self.timed_out = True
+            self.task.cancel()
+
+    def _timeout(self) -> WorkflowTimeout:
+        return WorkflowTimeout(
+            f"run {self.record.id!r} went past the timeout of workflow "
+            f"{self.record.workflow!r} and was failed; raise @app.workflow(timeout=...) "
+            f"if it needs longer"
+        )
 
     async def _body(self, ctx: RunContext, workflow: Workflow[..., Any]) -> str:
         serde = self.engine.serde

@@ -139,6 +139,8 @@ async def wait(ctx: RunContext, base: str, kind: str, plan: _Plan) -> tuple[str,
                                        retry_at=plan.deadline(started)))  # fmt: skip
     deadline = plan.deadline(started)
     hold_until = now + engine.settings.inline_wait_max
+    if len(engine.wake_futures) >= engine.settings.max_held_waits:
+        hold_until = now  # enough waits held in memory: this one suspends at once
     keys = [s.key for s in plan.names.values() if isinstance(s, EventWait)]
     done = Checkpoint(seq=seq, name=name, kind=kind, status=CheckpointStatus.COMPLETED,
                       attempts=1, started_at=started)  # fmt: skip
