@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 from tether.clock import Clock, SystemClock
 from tether.core.engine import Engine, Settings
 from tether.core.handle import RunHandle, RunInfo
+from tether.core.replay import ReplayOutcome, replay
 from tether.core.retry import Retry
 from tether.core.start import check_run_id, create_run, new_run_id
 from tether.core.step import Step
@@ -262,6 +263,25 @@ class App:
         if await self.engine.store.get_run(run_id) is None:
             raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
         return self._handle(run_id)
+
+    async def replay_check(
+        self,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | str | None = None,
+        limit: int = 1000,
+    ) -> list[ReplayOutcome]:
+        """Replay stored histories against the workflows registered now, executing nothing:
+        one outcome per run (newest first); `outcome.first_difference` says where one diverges."""
+        outcomes = []
+        for info in await self.list_runs(status=status, workflow=workflow, limit=limit):
+            record = await self.engine.store.get_run(info.id)
+            if record is None:
+                continue
+            history = await self.engine.store.load_history(info.id)
+            outcomes.append(await replay(self.engine, record.id, record.workflow, record.args,
+                                         history))  # fmt: skip
+        return outcomes
 
     async def list_runs(
         self,

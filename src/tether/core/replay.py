@@ -26,6 +26,20 @@ class ReplayOutcome:
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def first_difference(self) -> tuple[int, str | None, str | None] | None:
+        """(position, recorded name, requested name) where replay first differs; None if ok.
+        A None name means that side has no checkpoint there."""
+        if self.error is None:
+            return None
+        recorded, requested = self.error.recorded, self.error.requested
+        for i in range(max(len(recorded), len(requested))):
+            a = recorded[i] if i < len(recorded) else None
+            b = requested[i] if i < len(requested) else None
+            if a != b:
+                return i, a, b
+        return len(recorded), None, None
+
 
 async def replay(
     engine: Engine, run_id: str, workflow: str, args: str, history: list[Checkpoint]
