@@ -1,4 +1,5 @@
-"""The `tether` command line: list and inspect runs, and run a worker for an App.
+"""The `tether` command line: inspect and cancel runs, send events, check that stored histories
+still replay, and run a worker for an App.
 
 A thin shell over the library: it parses arguments, calls App and RunHandle, and renders what
 they return with rich (or as JSON). It must not hold engine logic, talk SQL or import a backend;
@@ -26,11 +27,13 @@ from rich.text import Text
 
 from tether.app import App
 from tether.core.handle import RunInfo
+from tether.core.replay import ReplayOutcome
 from tether.errors import ConfigurationError, TetherError
 from tether.store import database_exists, default_url
 from tether.store.base import Checkpoint, RunStatus
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 APP_FORM = "module:attribute, e.g. `myproject.main:app`"
 STATUS_STYLE = {  # runs' and checkpoints' statuses
     "pending": "yellow", "running": "blue", "waiting": "cyan", "succeeded": "green",
@@ -90,15 +93,25 @@ def load_app(ref: str) -> App:
     return obj
 
 
+def require_database(url: str, hint: str) -> None:
+    """Refuse a database that does not exist yet: opening it would create an empty one."""
+    if not database_exists(url):
+        raise ConfigurationError(f"no database at {url!r}; {hint}")
+
+
 def run_with_app(ctx: click.Context, work: Callable[[App], Awaitable[T]]) -> T:
-    """Open the App chosen on the `runs` group, run `work` with it, and close it."""
+    """Open the App chosen on the `runs` or `events` group, run `work` with it, and close it."""
     app_ref: str | None = ctx.obj["app"]
-    if not app_ref and not database_exists(ctx.obj["database"]):
-        raise ConfigurationError(
-            f"no database at {ctx.obj['database']!r}; pass --database URL (or set "
-            f"TETHER_DATABASE_URL), or --app module:app"
+    if not app_ref:
+        require_database(
+            ctx.obj["database"],
+            "pass --database URL (or set TETHER_DATABASE_URL), or --app module:app",
         )
-    app = load_app(app_ref) if app_ref else App(ctx.obj["database"])
+    return run_app(load_app(app_ref) if app_ref else App(ctx.obj["database"]), work)
+
+
+def run_app(app: App, work: Callable[[App], Awaitable[T]]) -> T:
+    """Run `work` with `app` on a new event loop, and close the App afterwards."""
 
     async def main() -> T:
         try:
@@ -128,9 +141,10 @@ def new_table(*columns: str, title: str | None = None) -> Table:
     """A borderless table; numbers align right, ids and statuses never wrap (times may)."""
     table = Table(box=None, header_style="bold", title=title, title_justify="left")
     for name in columns:
-        number = name in ("#", "attempt", "attempts", "ms")
+        number = name in ("#", "attempt", "attempts", "ms", "position")
+        keep = name in ("id", "run id", "name", "status")
         table.add_column(name, justify="right" if number else "left", overflow="fold",
-                         min_width=len(name), no_wrap=name in ("id", "name", "status"))  # fmt: skip
+                         min_width=len(name), no_wrap=keep)  # fmt: skip
     return table
 
 
@@ -148,6 +162,14 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "attempt": info.attempt, "owner": info.owner, "created_at": iso(info.created_at),
         "updated_at": iso(info.updated_at), "finished_at": iso(info.finished_at),
         "error_type": error.get("type"), "error_message": error.get("message"),
+    }  # fmt: skip
+
+
+def divergence_json(outcome: ReplayOutcome) -> dict[str, Any]:
+    position, recorded, requested = outcome.first_difference or (None, None, None)
+    return {
+        "run_id": outcome.run_id, "workflow": outcome.workflow, "position": position,
+        "recorded": recorded, "requested": requested, "message": str(outcome.error),
     }  # fmt: skip
 
 
@@ -169,29 +191,35 @@ def checkpoint_json(cp: Checkpoint) -> dict[str, Any]:
 @click.group(cls=TetherGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tether", message="tether %(version)s")
 def cli() -> None:
-    """Tether: durable execution of workflows. Inspect runs and run workers."""
+    """Tether: durable execution of workflows. Inspect, cancel and signal runs, check that
+    stored histories replay under the current code, and run workers."""
+
+
+def database_options(group: F) -> F:
+    """The options choosing the database of a group's commands: --database URL or --app."""
+    group = click.option(
+        "--app",
+        "app_ref",
+        metavar="MODULE:APP",
+        help="Use this App's database and workflows (values decode with their type "
+        "hints); overrides --database.",
+    )(group)
+    return click.option(
+        "--database",
+        "-d",
+        metavar="URL",
+        envvar="TETHER_DATABASE_URL",
+        default=default_url,
+        show_default="$TETHER_DATABASE_URL or sqlite:///tether.db",
+        help="Database URL of the runs, e.g. sqlite:///path/to/tether.db.",
+    )(group)
 
 
 @cli.group()
-@click.option(
-    "--database",
-    "-d",
-    metavar="URL",
-    envvar="TETHER_DATABASE_URL",
-    default=default_url,
-    show_default="$TETHER_DATABASE_URL or sqlite:///tether.db",
-    help="Database URL to read runs from, e.g. sqlite:///path/to/tether.db.",
-)
-@click.option(
-    "--app",
-    "app_ref",
-    metavar="MODULE:APP",
-    help="Use this App's database and workflows (results decode with their type "
-    "hints); overrides --database.",
-)
+@database_options
 @click.pass_context
 def runs(ctx: click.Context, database: str, app_ref: str | None) -> None:
-    """List and inspect runs."""
+    """List, inspect and cancel runs."""
     ctx.obj = {"database": database, "app": app_ref}
 
 
@@ -281,6 +309,122 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
         console.print(Text("error ", style="bold red") + Text(first_line(info.error)))
         if info.error.get("traceback"):
             console.print(Text(str(info.error["traceback"]).rstrip(), style="dim"))
+
+
+@runs.command("cancel")
+@click.argument("run_id", metavar="ID")
+@click.pass_context
+def runs_cancel(ctx: click.Context, run_id: str) -> None:
+    """Cancel a run and print its status afterwards.
+
+    A pending or waiting run ends at once (`cancelled`); a run that a worker holds ends at its
+    next await (`running (cancel requested)`). Cancelling a finished run changes nothing.
+    """
+
+    async def work(app: App) -> tuple[RunStatus, RunStatus]:
+        handle = await app.get(run_id)
+        before = await handle.status()
+        await handle.cancel()
+        return before, await handle.status()
+
+    before, after = run_with_app(ctx, work)
+    line = Text(f"run {run_id!r}: ") + status_text(after)
+    if before.terminal:
+        line += Text(" (it had already finished; nothing changed)", style="dim")
+    elif not after.terminal:
+        line += Text(" (cancel requested)")
+    Console(highlight=False).print(line)
+
+
+@cli.group()
+@database_options
+@click.pass_context
+def events(ctx: click.Context, database: str, app_ref: str | None) -> None:
+    """Send events to runs (taken by `tether.wait_for_event`)."""
+    ctx.obj = {"database": database, "app": app_ref}
+
+
+@events.command("send")
+@click.argument("run_id")
+@click.argument("key")
+@click.argument("payload", default="null")
+@click.pass_context
+def events_send(ctx: click.Context, run_id: str, key: str, payload: str) -> None:
+    """Send the event KEY to the run RUN_ID, with PAYLOAD as JSON text (default: null).
+
+    Quote the payload for your shell, e.g. `tether events send r1 approved '{"by": "ada"}'`.
+    An event sent before the run waits for it is kept for it.
+    """
+    try:
+        value = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise CliError(
+            f"PAYLOAD must be JSON text ({exc.msg} at character {exc.pos} of {payload!r}); "
+            f"quote it whole for the shell, e.g. '{{\"x\": 1}}', '\"some text\"', 42 or null"
+        ) from None
+    run_with_app(ctx, lambda app: app.send(run_id, key, value))
+    click.echo(f"sent event {key!r} to run {run_id!r}")
+
+
+@cli.command("replay-check")
+@click.argument("app_ref", metavar="MODULE:APP")
+@click.option("--workflow", "-w", metavar="NAME", help="Only runs of this workflow.")
+@click.option(
+    "--status",
+    "-s",
+    type=click.Choice([s.value for s in RunStatus]),
+    help="Only runs in this status.",
+)
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="At most this many runs, newest first.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of a table.")
+@click.pass_context
+def replay_check(
+    ctx: click.Context,
+    app_ref: str,
+    workflow: str | None,
+    status: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Check that stored runs still replay under the current code.
+
+    Replays the histories in the database of the App at MODULE:APP against the workflows it
+    registers now; nothing is executed or written. Lists the runs whose history the code no
+    longer replays, with where they first differ; exits 1 if any do (gate deploys on it).
+    """
+    app = load_app(app_ref)
+    require_database(app.url, f"{app_ref} has no stored runs to check")
+    outcomes = run_app(app, lambda a: a.replay_check(workflow=workflow, status=status, limit=limit))
+    diverging = [o for o in outcomes if not o.ok]
+    if as_json:
+        doc = {"checked": len(outcomes), "diverging": [divergence_json(o) for o in diverging]}
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        console = Console(highlight=False)
+        if diverging:
+            table = new_table("run id", "workflow", "position", "recorded", "requested")
+            notes = []
+            for o in diverging:
+                row = divergence_json(o)
+                if row["recorded"] is None and row["requested"] is None:
+                    notes.append(row["message"])  # no step to name: say why instead
+                names = [Text(row[k] or "-", style="" if row[k] else "dim")
+                         for k in ("recorded", "requested")]  # fmt: skip
+                table.add_row(o.run_id, o.workflow, str(row["position"]), *names)
+            console.print(table)
+            for note in notes:
+                console.print(Text(note, style="dim"))
+        summary = f"{len(outcomes)} runs checked, {len(diverging)} diverge"
+        console.print(summary, style="red" if diverging else "green")
+    if diverging:
+        ctx.exit(1)
 
 
 async def serve(app: App, concurrency: int | None) -> None:

@@ -44,6 +44,8 @@ class Engine:
     wake_futures: dict[str, set[asyncio.Future[None]]] = field(default_factory=dict)
     worker: Worker | None = None  # this process's worker, while it runs
 
+    held_waits: int = 0  # runs holding a wait in memory now (at most settings.max_held_waits)
+
     def wake_future(self, run_id: str) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.wake_futures.setdefault(run_id, set()).add(future)

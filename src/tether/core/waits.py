@@ -139,8 +139,6 @@ async def wait(ctx: RunContext, base: str, kind: str, plan: _Plan) -> tuple[str,
                                        retry_at=plan.deadline(started)))  # fmt: skip
     deadline = plan.deadline(started)
     hold_until = now + engine.settings.inline_wait_max
-    if len(engine.wake_futures) >= engine.settings.max_held_waits:
-        hold_until = now  # enough waits held in memory: this one suspends at once
     keys = [s.key for s in plan.names.values() if isinstance(s, EventWait)]
     done = Checkpoint(seq=seq, name=name, kind=kind, status=CheckpointStatus.COMPLETED,
                       attempts=1, started_at=started)  # fmt: skip
@@ -152,10 +150,17 @@ async def wait(ctx: RunContext, base: str, kind: str, plan: _Plan) -> tuple[str,
                 _replay_if_forced(ctx)
                 return outcome
             now = clock.now()
-            if now >= hold_until:
+            if now >= hold_until or engine.held_waits >= engine.settings.max_held_waits:
                 raise Suspend(deadline, wake_on=plan.mailbox())
             limit = hold_until if deadline is None else min(hold_until, deadline)
-            await _first(wake, clock.sleep(limit - now))
+            engine.held_waits += 1
+            worker = engine.worker
+            if worker is not None and worker.capacity() == 1:
+                worker.notify()  # this run made room: the worker may claim the next one
+            try:
+                await _first(wake, clock.sleep(limit - now))
+            finally:
+                engine.held_waits -= 1
         finally:
             engine.drop_wake_future(ctx.run_id, wake)
 

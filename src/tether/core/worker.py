@@ -63,8 +63,14 @@ class Worker:
         """Look for work now (a run was created or released somewhere in this process)."""
         self._wake.set()
 
+    def capacity(self) -> int:
+        """How many more runs this worker may execute now. Runs holding a short wait in
+        memory do not count: they execute nothing, and they are few (max_held_waits)."""
+        busy = len(self.runners) - self.engine.held_waits
+        return self.engine.settings.concurrency - busy
+
     def has_capacity(self) -> bool:
-        return len(self.runners) < self.engine.settings.concurrency
+        return self.capacity() > 0
 
     def launch(self, record: RunRecord, history: list[Checkpoint] | None = None) -> None:
         """Execute a run this worker has just claimed (epoch in the record)."""
@@ -79,7 +85,7 @@ class Worker:
             del self.runners[run_id]
         # Look again only when a claim may have been cut short by capacity, or a released run
         # may be due before the claim loop's next look.
-        if runner.suspended or len(self.runners) == self.engine.settings.concurrency - 1:
+        if runner.suspended or self.capacity() == 1:
             self._wake.set()
 
     def cancel(self, run_id: str) -> bool:
@@ -106,7 +112,7 @@ class Worker:
             self._wake.clear()
             names = list(engine.workflows)
             try:
-                capacity = settings.concurrency - len(self.runners)
+                capacity = self.capacity()
                 if capacity > 0 and names:
                     now = clock.now()
                     for record in await store.claim_runs(
