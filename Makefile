@@ -28,6 +28,7 @@ demo: install
 
 bench: install
 	$(BIN)/python bench/engine.py
+	$(BIN)/python bench/waits.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
