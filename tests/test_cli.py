@@ -4,6 +4,8 @@ without tracebacks, help text everywhere, and a worker process that runs and sto
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import json
 import signal
 import subprocess
@@ -259,6 +261,223 @@ def test_runs_with_app_uses_its_database_and_decodes_results_by_type_hints(
     assert [row["id"] for row in json.loads(listed.output)] == ["p1"]
 
 
+FLOW_MODULE = """
+import tether
+
+app = tether.App({url!r})
+
+@app.step()
+async def a() -> str:
+    return "a"
+
+@app.step()
+async def b() -> str:
+    return "b"
+
+@app.workflow()
+async def flow() -> str:
+    first = await {first}()
+    return first + await {second}()
+"""
+
+
+@pytest.fixture
+def flow_modules(module_dir: Path) -> str:
+    """flow_v1 (steps a then b) with one run of it, r1, completed; flow_v2 calls b then a."""
+    url = f"sqlite:///{module_dir}/flows.db"
+    for name, first, second in [("flow_v1", "a", "b"), ("flow_v2", "b", "a")]:
+        text = FLOW_MODULE.format(url=url, first=first, second=second)
+        (module_dir / f"{name}.py").write_text(text)
+    sys.path.insert(0, str(module_dir))
+    v1 = importlib.import_module("flow_v1")
+
+    async def run() -> None:
+        async with v1.app:
+            assert await (await v1.app.start(v1.flow, id="r1")).result(timeout=10) == "ab"
+
+    asyncio.run(run())
+    return url
+
+
+def test_replay_check_names_the_diverging_run_where_it_differs_and_exits_1(
+    flow_modules: str,
+) -> None:
+    result = invoke("replay-check", "flow_v2:app")
+    assert result.exit_code == 1, result.output
+    rows = [line.split() for line in result.output.splitlines() if line.split()[:1] == ["r1"]]
+    assert rows == [["r1", "flow", "0", "a", "b"]]
+    assert result.output.splitlines()[-1] == "1 runs checked, 1 diverge"
+
+
+def test_replay_check_of_code_that_still_replays_exits_0(flow_modules: str) -> None:
+    result = invoke("replay-check", "flow_v1:app")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "1 runs checked, 0 diverge"
+    as_json = invoke("replay-check", "flow_v1:app", "--json")
+    assert as_json.exit_code == 0
+    assert json.loads(as_json.output) == {"checked": 1, "diverging": []}
+
+
+def test_replay_check_json_lists_each_diverging_run_with_the_message(flow_modules: str) -> None:
+    result = invoke("replay-check", "flow_v2:app", "--json")
+    assert result.exit_code == 1
+    doc = json.loads(result.output)
+    assert doc["checked"] == 1
+    [row] = doc["diverging"]
+    message = row.pop("message")
+    assert row == {"run_id": "r1", "workflow": "flow", "position": 0, "recorded": "a",
+                   "requested": "b"}  # fmt: skip
+    assert "no longer replays" in message
+
+
+def test_replay_check_filters_runs_by_workflow_and_status(flow_modules: str) -> None:
+    other = invoke("replay-check", "flow_v2:app", "--workflow", "other", "--json")
+    assert other.exit_code == 0
+    assert json.loads(other.output) == {"checked": 0, "diverging": []}
+    failed = invoke("replay-check", "flow_v2:app", "--status", "failed")
+    assert failed.exit_code == 0
+    assert "0 runs checked" in failed.output
+
+
+def test_replay_check_of_a_run_whose_workflow_is_gone_says_so(
+    module_dir: Path, flow_modules: str
+) -> None:
+    (module_dir / "flow_gone.py").write_text(f"import tether\napp = tether.App({flow_modules!r})\n")
+    result = invoke("replay-check", "flow_gone:app")
+    assert result.exit_code == 1
+    assert "does not register" in result.output
+    assert result.output.splitlines()[-1] == "1 runs checked, 1 diverge"
+
+
+def test_replay_check_of_an_app_whose_database_does_not_exist_exits_1(module_dir: Path) -> None:
+    missing = module_dir / "none.db"
+    (module_dir / "flow_new.py").write_text(
+        FLOW_MODULE.format(url=f"sqlite:///{missing}", first="a", second="b")
+    )
+    result = invoke("replay-check", "flow_new:app")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: no database at")
+    assert not missing.exists()
+
+
+def event_app(url: str) -> tuple[tether.App, tether.Workflow[[], object]]:
+    app = tether.App(url)
+
+    @app.workflow()
+    async def wait_go() -> object:
+        return await tether.wait_for_event("go")
+
+    return app, wait_go
+
+
+def test_events_send_delivers_a_json_payload_that_the_waiting_run_returns(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/ev.db"
+
+    async def start_pending() -> None:
+        app, wait_go = event_app(url)
+        await app.start(wait_go, id="e1")  # no worker: the run stays pending
+        await app.close()
+
+    async def work() -> object:
+        app, _ = event_app(url)
+        async with app:
+            return await (await app.get("e1")).result(timeout=10)
+
+    asyncio.run(start_pending())
+    result = invoke("events", "--database", url, "send", "e1", "go", '{"x": 1}')
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "sent event 'go' to run 'e1'"
+    assert asyncio.run(work()) == {"x": 1}
+    finished = invoke("events", "--database", url, "send", "e1", "go")
+    assert finished.exit_code == 1
+    assert finished.stderr.startswith("error: ")
+    assert "has finished (succeeded)" in finished.stderr
+    assert "not stored" in finished.stderr
+
+
+def test_events_send_to_an_unknown_run_exits_1_naming_the_id(db: str) -> None:
+    result = invoke("events", "--database", db, "send", "no-such-run", "go", "1")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: ")
+    assert "no-such-run" in result.stderr
+
+
+@pytest.mark.parametrize("payload", ["{x: 1}", "hello", ""])
+def test_events_send_with_a_payload_that_is_not_json_says_how_to_quote_it(
+    db: str, payload: str
+) -> None:
+    result = invoke("events", "--database", db, "send", "ok-run", "go", payload)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: PAYLOAD must be JSON")
+    assert "'{\"x\": 1}'" in result.stderr  # an example quoted for the shell
+
+
+def test_events_send_to_a_database_that_does_not_exist_creates_nothing(tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere.db"
+    result = invoke("events", "--database", f"sqlite:///{missing}", "send", "r", "go")
+    assert result.exit_code == 1
+    assert "no database at" in result.stderr
+    assert not missing.exists()
+
+
+def test_runs_cancel_of_a_pending_run_cancels_it(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+
+    async def start_pending() -> None:
+        app, wait_go = event_app(url)
+        await app.start(wait_go, id="c1")
+        await app.close()
+
+    asyncio.run(start_pending())
+    result = invoke("runs", "--database", url, "cancel", "c1")
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "run 'c1': cancelled"
+    shown = json.loads(invoke("runs", "--database", url, "show", "c1", "--json").output)
+    assert shown["status"] == "cancelled"
+    again = invoke("runs", "--database", url, "cancel", "c1")
+    assert again.exit_code == 0
+    assert "already finished" in again.output
+
+
+def test_runs_cancel_of_a_run_a_worker_holds_requests_the_cancel(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/held.db"
+    app = tether.App(url)
+    release = asyncio.Event()
+
+    @app.step()
+    async def block() -> None:
+        await release.wait()
+
+    @app.workflow()
+    async def held() -> None:
+        await block()
+
+    async def main() -> Result:
+        async with app:
+            handle = await app.start(held, id="h1")
+            while await handle.status() is not tether.RunStatus.RUNNING:
+                await asyncio.sleep(0.01)
+            # Another process's view: the CLI's own App, on its own loop, in a thread.
+            result = await asyncio.to_thread(invoke, "runs", "--database", url, "cancel", "h1")
+            release.set()
+            with contextlib.suppress(tether.RunCancelled):
+                await handle.result(timeout=10)
+            return result
+
+    result = asyncio.run(main())
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "run 'h1': running (cancel requested)"
+
+
+def test_runs_cancel_of_an_unknown_run_exits_1_naming_the_id(db: str) -> None:
+    result = invoke("runs", "--database", db, "cancel", "no-such-run")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: ")
+    assert "no-such-run" in result.stderr
+
+
 def walk(command: click.Command, path: list[str]) -> Iterator[tuple[list[str], click.Command]]:
     yield path, command
     if isinstance(command, click.Group):
@@ -277,7 +496,8 @@ def test_every_command_and_option_has_help_text_and_help_exits_0() -> None:
         result = invoke(*path, "--help")
         assert result.exit_code == 0, result.output
         assert "Usage:" in result.output
-    assert set(seen) >= {"", "runs", "runs list", "runs show", "worker"}
+    assert set(seen) >= {"", "runs", "runs list", "runs show", "runs cancel", "events",
+                         "events send", "replay-check", "worker"}  # fmt: skip
 
 
 WORKER_MODULE = """

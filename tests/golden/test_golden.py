@@ -57,3 +57,11 @@ async def test_a_history_with_a_step_the_code_no_longer_asks_for_fails() -> None
     outcome = await check_history(current_app(), history)
     assert outcome.error is not None
     assert "stopped after 3 checkpoints" in str(outcome.error)
+
+
+async def test_a_history_whose_arguments_no_longer_fit_the_workflow_fails_with_a_report() -> None:
+    history = json.loads((HERE / "batch.json").read_text())
+    history["args"] = {"args": [], "kwargs": {"count": 3}}  # as if `batch(n)` became `batch()`
+    outcome = await check_history(current_app(), history)
+    assert outcome.error is not None
+    assert "no longer fit workflow 'batch'" in str(outcome.error)

@@ -62,7 +62,13 @@ async def replay(
 
     async def body() -> None:
         _RUN.set(ctx)
-        positional, keywords = wf.decode_args(engine.serde, args)
+        try:
+            positional, keywords = wf.decode_args(engine.serde, args)
+        except Exception as exc:  # the signature changed: this run cannot even start again
+            raise Abandon(NonDeterminismError(
+                f"run {run_id!r}: its recorded arguments no longer fit workflow {workflow!r} "
+                f"({type(exc).__name__}: {exc})"
+            )) from None  # fmt: skip
         try:
             await wf.fn(*positional, **keywords)
         except (EndOfHistory, Abandon):

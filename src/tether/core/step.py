@@ -131,17 +131,13 @@ async def _execute(
     while True:
         attempts += 1
         started = clock.now()
+
+        # This attempt's checkpoint, in whichever status it ends.
+        outcome = functools.partial(
+            Checkpoint, seq=seq, name=name, kind="step", attempts=attempts, started_at=started
+        )
         if step.at_most_once:
-            await ctx.write(
-                Checkpoint(
-                    seq=seq,
-                    name=name,
-                    kind="step",
-                    attempts=attempts,
-                    status=CheckpointStatus.STARTED,
-                    started_at=started,
-                )
-            )
+            await ctx.write(outcome(status=CheckpointStatus.STARTED))
         ctx.enter_body()
         try:
             value = await _run_body(step, ctx.run_id, name, attempts, args, kwargs)
@@ -158,33 +154,12 @@ async def _execute(
             if step.retry.retries(error, attempts):
                 delay = step.retry.delay(attempts, secrets.randbits(32) / (1 << 32))
                 retry_at = clock.now() + delay
-                await ctx.write(
-                    Checkpoint(
-                        seq=seq,
-                        name=name,
-                        kind="step",
-                        status=CheckpointStatus.RETRYING,
-                        error=json.dumps(encode_error(error)),
-                        attempts=attempts,
-                        started_at=started,
-                        finished_at=clock.now(),
-                        retry_at=retry_at,
-                    )
-                )
+                await ctx.write(outcome(status=CheckpointStatus.RETRYING, error=_error(error),
+                                        finished_at=clock.now(), retry_at=retry_at))  # fmt: skip
                 await _wait_until(ctx, retry_at)
                 continue
-            await ctx.write(
-                Checkpoint(
-                    seq=seq,
-                    name=name,
-                    kind="step",
-                    status=CheckpointStatus.FAILED,
-                    error=json.dumps(encode_error(error)),
-                    attempts=attempts,
-                    started_at=started,
-                    finished_at=clock.now(),
-                )
-            )
+            await ctx.write(outcome(status=CheckpointStatus.FAILED, error=_error(error),
+                                    finished_at=clock.now()))  # fmt: skip
             _replay_if_forced(ctx)
             if error is exc:
                 raise
@@ -192,16 +167,7 @@ async def _execute(
         finally:
             ctx.leave_body()
         await ctx.write(
-            Checkpoint(
-                seq=seq,
-                name=name,
-                kind="step",
-                status=CheckpointStatus.COMPLETED,
-                result=text,
-                attempts=attempts,
-                started_at=started,
-                finished_at=clock.now(),
-            )
+            outcome(status=CheckpointStatus.COMPLETED, result=text, finished_at=clock.now())
         )
         _replay_if_forced(ctx)
         if type(value) in _SCALARS:
@@ -211,6 +177,10 @@ async def _execute(
 
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+def _error(exc: BaseException) -> str:
+    return json.dumps(encode_error(exc))
 
 
 def _replay_if_forced(ctx: RunContext) -> None:
@@ -263,16 +233,9 @@ async def _reconcile(
             f"fail the run. A reconcile= hook on the step automates this."
         )
         await ctx.write(
-            Checkpoint(
-                seq=seq,
-                name=name,
-                kind="step",
-                status=CheckpointStatus.FAILED,
-                error=json.dumps(encode_error(error)),
-                attempts=attempts,
-                finished_at=clock.now(),
-            )
-        )
+            Checkpoint(seq=seq, name=name, kind="step", status=CheckpointStatus.FAILED,
+                       error=_error(error), attempts=attempts, finished_at=clock.now())
+        )  # fmt: skip
         raise error
     token = _STEP.set(StepContext(run_id=ctx.run_id, name=name, attempt=attempts))
     try:
@@ -286,16 +249,9 @@ async def _reconcile(
     serde = ctx.engine.serde
     text = serde.dumps(outcome, what=f"reconciled result of step {name!r}")
     await ctx.write(
-        Checkpoint(
-            seq=seq,
-            name=name,
-            kind="step",
-            status=CheckpointStatus.COMPLETED,
-            result=text,
-            attempts=attempts,
-            finished_at=clock.now(),
-        )
-    )
+        Checkpoint(seq=seq, name=name, kind="step", status=CheckpointStatus.COMPLETED,
+                   result=text, attempts=attempts, finished_at=clock.now())
+    )  # fmt: skip
     return serde.loads(text, step.return_hint)
 
 
