@@ -806,10 +806,11 @@ def test_the_sync_twin_starts_runs_and_waits_for_results(tmp_path: object) -> No
 
     @app.workflow()
     async def flow(x: int) -> int:
-        return await square(x)
+        return await square(x) + await tether.wait_for_event("extra")
 
     with app.sync as client:
         handle = client.start(flow, 9, id="s1")
+        client.send("s1", "extra", 0)
         assert handle.result(timeout=10) == 81
         assert handle.status() == RunStatus.SUCCEEDED
         assert [r.id for r in client.list_runs()] == ["s1"]

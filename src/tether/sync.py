@@ -113,6 +113,9 @@ class SyncApp:
         handle = self._portal.call(self._app.start(workflow, *args, id=id, **kwargs))
         return SyncRunHandle(self._portal, handle)
 
+    def send(self, run_id: str, key: str, payload: object = None) -> None:
+        self._portal.call(self._app.send(run_id, key, payload))
+
     def get(self, run_id: str) -> SyncRunHandle[Any]:
         return SyncRunHandle(self._portal, self._portal.call(self._app.get(run_id)))
 
