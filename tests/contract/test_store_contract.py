@@ -671,3 +671,12 @@ async def test_cancelling_a_parent_cancels_its_unfinished_children(store: Store)
     for run_id in ("parent", "kid", "grandkid"):
         assert (await get(store, run_id)).status is RunStatus.CANCELLED, run_id
     assert (await get(store, "done")).status is RunStatus.SUCCEEDED
+
+
+async def test_suspending_a_run_with_a_pending_cancel_request_leaves_it_due(store: Store) -> None:
+    await store.create_run(new("r1"), NOW)
+    lease = lease_of(await claim_one(store))
+    await store.cancel_run("r1", "{}", NOW)  # held by a worker: only flagged
+    await store.suspend_run(lease, NOW + 3600, NOW + 1, wake_on=["go"])
+    run = await get(store, "r1")
+    assert (run.status, run.wake_at, run.cancel_requested) == (RunStatus.WAITING, NOW + 1, True)

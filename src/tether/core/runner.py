@@ -1,8 +1,8 @@
 """Executes one claimed run: replays its history, runs the workflow, records how it ended.
 
-The workflow coroutine runs in a task of its own so that cancelling the run (a user's request)
-and stopping the worker (shutdown, lost lease) are told apart. The runner writes only through the
-Store port with its Lease; it never claims runs (the worker does).
+The workflow runs in the runner's own task; flags tell a user's cancel request, the worker
+stopping (shutdown, lost lease) and the deadline watchdog apart. The runner writes only through
+the Store port with its Lease; it never claims runs (the worker does).
 """
 
 from __future__ import annotations
@@ -71,13 +71,14 @@ class Runner:
     async def _run(self) -> None:
         engine, record = self.engine, self.record
         workflow = engine.workflows[record.workflow]
-        if self.cancel_requested:
-            await self._finish(RunStatus.CANCELLED, None, CANCELLED_ERROR)
-            return
         history = self.history
-        if history is None:
+        if history is None and not self.cancel_requested:
             history = await engine.store.load_history(record.id)
         while True:
+            if self.cancel_requested:  # asked before the workflow (re)started
+                await self._finish(RunStatus.CANCELLED, None, CANCELLED_ERROR)
+                return
+            assert history is not None
             ctx = RunContext(
                 engine, record.id, workflow.name, self.lease, {c.seq: c for c in history}
             )

@@ -195,8 +195,8 @@ class Store(Protocol):
         self, lease: Lease, wake_at: float | None, now: float, wake_on: Sequence[str] = ()
     ) -> None:
         """Release the run as waiting until wake_at, or until an event arrives for one of the
-        `wake_on` keys; if such an event is already in the mailbox, the run is claimable at
-        once. Raises LeaseLost if the lease is not held."""
+        `wake_on` keys; if such an event is already in the mailbox, or a cancel request is
+        pending, the run is claimable at once. Raises LeaseLost if the lease is not held."""
 
     async def finish_run(
         self,

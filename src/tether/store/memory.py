@@ -271,7 +271,9 @@ class MemoryStore:
     ) -> None:
         with self._lock:
             run = self._fenced(lease)
-            waiting = any(e[1] == run.id and e[2] in wake_on and e[4] is None for e in self._events)
+            waiting = run.cancel_requested or any(
+                e[1] == run.id and e[2] in wake_on and e[4] is None for e in self._events
+            )
             self._runs[run.id] = replace(
                 run, status=RunStatus.WAITING, owner=None, lease_expires_at=None,
                 wake_at=now if waiting else wake_at, wake_on=tuple(wake_on), updated_at=now,

@@ -55,10 +55,11 @@ WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = ?1 AND status = 'running'
                                          AND owner = ?12 AND epoch = ?13);
 
 -- name: suspend_run
--- An event already in the mailbox for a key it waits on makes the run due at once.
+-- An event already in the mailbox for a key it waits on, or a cancel request that came while
+-- the run was held, makes the run due at once.
 UPDATE tether_runs
 SET status = 'waiting', owner = NULL, lease_expires_at = NULL, wake_on = :wake_on,
-    wake_at = CASE WHEN EXISTS (
+    wake_at = CASE WHEN cancel_requested OR EXISTS (
         SELECT 1 FROM tether_events
         WHERE run_id = :run_id AND consumed_by IS NULL
           AND key IN (SELECT value FROM json_each(:wake_on)))
