@@ -2,8 +2,9 @@
 event, two short timers (for two worker processes at once), and a parent that awaits a child run.
 
 Every step body first appends its checkpoint name ("step_before", "tick", ...) to the `bodies`
-side file and to `bodies-<run id>` ('/' in the id as '_'), flushed and fsynced, so the test can count body executions
-across processes that die with SIGKILL.
+side file and to `bodies-<run id>` ('/' in the id as '_'), flushed and fsynced, so the test can
+count body executions across processes that die with SIGKILL; `pids` says which process ran
+each body ("<run id>\t<name>\t<pid>").
 
 Environment of the process that imports this:
 CRASH_SIDE_DIR=<dir>         where the side files go (unless make_app is given side_dir)
@@ -67,11 +68,13 @@ def make_app(
         )
 
     def count() -> None:
-        """Record this body execution (in `bodies` and `bodies-<run id>`)."""
+        """Record this body execution (in `bodies`, `bodies-<run id>`, and with the process id
+        in `pids`)."""
         step = current_step()
         assert step is not None
         _append(side / "bodies", step.name)
         _append(side / f"bodies-{safe(step.run_id)}", step.name)
+        _append(side / "pids", f"{step.run_id}\t{step.name}\t{os.getpid()}")
 
     @app.step()
     async def step_before(tag: str) -> str:

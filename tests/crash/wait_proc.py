@@ -18,8 +18,9 @@ import os
 import sys
 from pathlib import Path
 
-import tether
 from tests.crash.wait_flows import make_app
+
+import tether
 
 
 async def run(db: str, side_dir: str, workflow: str, run_id: str, arg: str) -> None:
