@@ -718,7 +718,7 @@ async def test_timers_fire_once_with_two_worker_processes(
 
 PARENT = "par"
 CHILD = child_id(PARENT)
-JOIN = "write_checkpoint:join:child_flow:completed"
+JOIN = "take_event:join:child_flow"  # the join takes the child's end from the mailbox
 SPAWN_CP = "write_checkpoint:child:child_flow:completed"
 
 
@@ -817,7 +817,8 @@ async def test_child_run_across_a_crash(
     assert child_ran_after == ([] if kill.recorded else ["child_step"])
     assert bodies(tmp_path, CHILD) == ["child_step"] * (1 + int(kill.ran and not kill.recorded))
     assert bodies(tmp_path, PARENT) == ["parent_after"]
-    # The child's end was told to the parent once.
+    # The child's end was told to the parent once, and the join took it.
     assert [(e.run_id, e.key) for e in mailbox(db)] == [(PARENT, f"tether:child:{CHILD}")]
+    assert ro_query(db, "SELECT consumed_by FROM tether_events") == [("join:child_flow",)]
     assert await reader.workers() == 0
     assert seconds < RECOVERY_BOUND, f"recovery took {seconds:.2f}s"

@@ -139,7 +139,7 @@ async def wait(ctx: RunContext, base: str, kind: str, plan: _Plan) -> tuple[str,
                                        retry_at=plan.deadline(started)))  # fmt: skip
     deadline = plan.deadline(started)
     hold_until = now + engine.settings.inline_wait_max
-    keys = [s.key for s in plan.names.values() if isinstance(s, EventWait)]
+    keys = plan.mailbox()
     done = Checkpoint(seq=seq, name=name, kind=kind, status=CheckpointStatus.COMPLETED,
                       attempts=1, started_at=started)  # fmt: skip
     while True:
@@ -169,17 +169,9 @@ async def _ready(
     ctx: RunContext, plan: _Plan, keys: list[str], done: Checkpoint, started: float
 ) -> tuple[str, Any] | None:
     """The outcome if some wait of the plan is over now (and then it is recorded)."""
-    store, clock = ctx.engine.store, ctx.engine.clock
-    for spec in plan.names.values():
-        if isinstance(spec, ChildWait):
-            child = await store.get_run(spec.run_id)
-            if child is not None and child.status.terminal:
-                value = {"status": child.status.value, "error": child.error,
-                         "result": child.result}  # fmt: skip
-                return await _record(ctx, done, child_key(spec.run_id), value)
-    if keys:
-        now = clock.now()
-        taken = await ctx.take_event(keys, done, now)
+    clock = ctx.engine.clock
+    if keys:  # events, and the ends of child runs, both come through the mailbox
+        taken = await ctx.take_event(keys, done, clock.now())
         if taken is not None:
             return _decode(ctx, taken)
     now = clock.now()
@@ -281,6 +273,8 @@ async def join(ctx: RunContext, spec: ChildWait) -> Any:
 
 
 def _child_value(ctx: RunContext, spec: WaitSpec, value: Any) -> Any:
+    """An event's payload as it is; a child's end (see store.base.child_outcome) as its
+    result, or its failure raised."""
     if not isinstance(spec, ChildWait):
         return value
     status = RunStatus(value["status"])

@@ -10,6 +10,7 @@ This module must not import tether.core or any backend.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -63,6 +64,12 @@ class RunRecord:
 def child_key(child_id: str) -> str:
     """The mailbox key on which a parent learns that its child run ended."""
     return f"tether:child:{child_id}"
+
+
+def child_outcome(status: RunStatus | str, result: str | None, error: str | None) -> str:
+    """The payload of a child's end in its parent's mailbox: how it ended, with the texts of
+    its result and error (the mailbox row is the parent's record of the child's end)."""
+    return json.dumps({"status": str(status), "result": result, "error": error})
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,7 +215,7 @@ class Store(Protocol):
     ) -> None:
         """Record the run's final status and result or error; releases the lease. A child run
         also delivers the event `child_key(its id)` to its parent, in the same transaction.
-        Raises LeaseLost if the lease is not held."""
+        The event's payload is `child_outcome(...)`. Raises LeaseLost if the lease is not held."""
 
     async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
         """Cancel a run and, the same way, its unfinished children: one nobody holds ends

@@ -23,6 +23,7 @@ from tether.store.base import (
     RunStatus,
     WorkerInfo,
     child_key,
+    child_outcome,
 )
 
 
@@ -206,7 +207,8 @@ class MemoryStore:
                     finished_at=now, updated_at=now,
                 )  # fmt: skip
                 if current.parent_id is not None:
-                    self._deliver(current.parent_id, child_key(current.id), "null", now)
+                    outcome = child_outcome(RunStatus.CANCELLED, None, error)
+                    self._deliver(current.parent_id, child_key(current.id), outcome, now)
             return self._runs[run_id]
 
     # -- mailboxes ----------------------------------------------------------------------------
@@ -306,7 +308,8 @@ class MemoryStore:
                 updated_at=now,
             )
             if run.parent_id is not None:
-                self._deliver(run.parent_id, child_key(run.id), "null", now)
+                outcome = child_outcome(status, result, error)
+                self._deliver(run.parent_id, child_key(run.id), outcome, now)
 
     # -- helpers (call with the lock held) ----------------------------------------------------
 

@@ -26,6 +26,7 @@ from tether.store.base import (
     RunStatus,
     WorkerInfo,
     child_key,
+    child_outcome,
 )
 from tether.store.sqlite_commit import CommitQueue, parse_sqlite_url
 
@@ -336,7 +337,8 @@ class SqliteStore:
             if row is None:
                 raise _lease_lost(c, lease)
             if row[0] is not None:  # tell the parent, in the same transaction
-                _deliver_event(c, row[0], child_key(lease.run_id), "null", now)
+                outcome = child_outcome(status, result, error)
+                _deliver_event(c, row[0], child_key(lease.run_id), outcome, now)
 
         await self._db.submit(op, write=True, label=f"finish_run:{lease.run_id}", multi=True)
 
@@ -356,7 +358,8 @@ class SqliteStore:
                         "SELECT parent_id FROM tether_runs WHERE id = ?", (current,)
                     ).fetchone()[0]
                     if parent is not None:
-                        _deliver_event(c, parent, child_key(current), "null", now)
+                        outcome = child_outcome(RunStatus.CANCELLED, None, error)
+                        _deliver_event(c, parent, child_key(current), outcome, now)
                 todo += [r[0] for r in c.execute(_Q["children"], {"id": current})]
             return _run(c.execute(_Q["get_run"], {"id": run_id}).fetchone())
 
@@ -380,6 +383,11 @@ class SqliteStore:
         fence = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch}
         query = {"run_id": lease.run_id, "keys": json.dumps(list(keys))}
         cp = checkpoint
+        # A look at an empty mailbox is a read: only an event to take costs a write.
+        if not await self._db.submit(
+            lambda c: c.execute(_Q["oldest_event"], query).fetchone() is not None, write=False
+        ):
+            return None
 
         def op(c: sqlite3.Connection) -> str | None:
             if c.execute(_Q["lease_held"], fence).fetchone() is None:
