@@ -1,21 +1,46 @@
-"""Shared fixtures: an App on every backend, in normal and in forced-replay mode."""
+"""Shared fixtures: an App on every backend, in normal and in forced-replay mode, and a
+throwaway PostgreSQL server for the session."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Callable
+import os
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from tests.postgres_server import postgres_server, with_schema
 
 import tether
 from tether.store.base import Store
 from tether.store.memory import MemoryStore
+from tether.store.postgres import PostgresStore
 from tether.store.sqlite import SqliteStore
 
 # (backend, forced replay): forced replay restarts the workflow from the store after every new
 # checkpoint, so every test using `make_app` also proves its workflow replays deterministically.
-MODES = [("memory", False), ("sqlite", False), ("memory", True), ("sqlite", True)]
+MODES = [
+    ("memory", False), ("sqlite", False), ("postgres", False),
+    ("memory", True), ("sqlite", True),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL database for the session: $TETHER_TEST_POSTGRES_URL, or a cluster started
+    here from the server binaries. Without either, PostgreSQL tests skip loudly; in CI
+    (CI=true) that is a failure, since CI must test both backends."""
+    with postgres_server() as url:
+        if url is None:
+            message = (
+                "NO POSTGRESQL: set TETHER_TEST_POSTGRES_URL or install the PostgreSQL server "
+                "binaries (initdb, pg_ctl); PostgreSQL tests are skipped"
+            )
+            if os.environ.get("CI", "").lower() == "true":
+                pytest.fail(message)
+            pytest.skip(message)
+        yield url
 
 
 @pytest.fixture(params=MODES, ids=[f"{b}{'-replay' if r else ''}" for b, r in MODES])
@@ -24,13 +49,20 @@ def mode(request: pytest.FixtureRequest) -> tuple[str, bool]:
 
 
 @pytest.fixture
-def make_store(mode: tuple[str, bool], tmp_path: Path) -> Callable[[], Store]:
+def make_store(
+    mode: tuple[str, bool], tmp_path: Path, request: pytest.FixtureRequest
+) -> Callable[[], Store]:
     """A store factory; every call gives another handle on the same database."""
     shared = MemoryStore()
+
+    if mode[0] == "postgres":
+        url = with_schema(request.getfixturevalue("postgres_url"), f"t_{uuid.uuid4().hex[:12]}")
 
     def make() -> Store:
         if mode[0] == "memory":
             return shared
+        if mode[0] == "postgres":
+            return PostgresStore(url)
         return SqliteStore(f"sqlite:///{tmp_path}/tether.db")
 
     return make

@@ -69,7 +69,7 @@ PUBLIC = {
 LAYERS: list[tuple[str, ...]] = [
     ("tether.errors", "tether.clock", "tether.faults", "tether.serde"),
     ("tether.store.base",),
-    ("tether.store.memory", "tether.store.sqlite", "tether.store"),
+    ("tether.store.memory", "tether.store.sqlite", "tether.store.postgres", "tether.store"),
     ("tether.core",),
     ("tether.app", "tether.sync", "tether.testing"),
     ("tether.cli", "tether.__main__", "tether"),

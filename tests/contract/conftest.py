@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import importlib
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from tests.postgres_server import with_schema
 
 from tether.store import store_from_url
 from tether.store.base import Store
 from tether.store.memory import MemoryStore
 
-# PostgreSQL joins this list later (skipped when no test database URL is configured).
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", "postgres"]
 
 
 @pytest.fixture(params=BACKENDS)
@@ -21,12 +21,11 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
     backend: Store
     if request.param == "memory":
         backend = MemoryStore()
-    else:
-        try:
-            importlib.import_module("tether.store.sqlite")
-        except ImportError:
-            pytest.skip("sqlite backend not written yet")
+    elif request.param == "sqlite":
         backend = store_from_url(f"sqlite:///{tmp_path}/contract.db")
+    else:
+        url = request.getfixturevalue("postgres_url")
+        backend = store_from_url(with_schema(url, f"t_{uuid.uuid4().hex[:12]}"))
     await backend.open()
     try:
         yield backend

@@ -32,6 +32,7 @@ class Worker:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._events_seen = 0  # the newest event id this worker has looked at
+        self._stopped = False
 
     @property
     def lease_duration(self) -> float:
@@ -49,6 +50,9 @@ class Worker:
 
     async def stop(self) -> None:
         """Stop executing: in-flight runs are interrupted and released for the next worker."""
+        # The flag as well as the cancellation: 3.11's asyncio.timeout can swallow a cancel
+        # that coincides with its deadline, and the loops must end all the same.
+        self._stopped = True
         for task in self._tasks:
             task.cancel()
         runner_tasks = [r.task for r in self.runners.values() if r.task is not None]
@@ -108,7 +112,7 @@ class Worker:
     async def _claim_loop(self) -> None:
         engine = self.engine
         store, clock, settings = engine.store, engine.clock, engine.settings
-        while True:
+        while not self._stopped:
             self._wake.clear()
             names = list(engine.workflows)
             try:
@@ -134,7 +138,7 @@ class Worker:
         got events wake, and the claim loop looks for due runs."""
         loop = asyncio.get_running_loop()
         end = loop.time() + timeout
-        while not self._wake.is_set():
+        while not self._wake.is_set() and not self._stopped:
             left = end - loop.time()
             if left <= 0:
                 return
@@ -152,7 +156,7 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         engine = self.engine
-        while True:
+        while not self._stopped:
             await asyncio.sleep(self.lease_duration / 3)
             try:
                 now = engine.clock.now()

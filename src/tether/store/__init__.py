@@ -28,11 +28,16 @@ def store_from_url(url: str) -> Store:
 
         return SqliteStore(url)
     if url.startswith(("postgresql:", "postgres:")):
-        raise ConfigurationError(
-            f"the PostgreSQL backend is not available yet (url {url!r}); use sqlite:///file.db"
-        )
+        try:
+            from tether.store.postgres import PostgresStore
+        except ImportError as exc:
+            raise ConfigurationError(
+                f"the PostgreSQL backend needs psycopg: pip install 'tether[postgres]' ({exc})"
+            ) from None
+        return PostgresStore(url)
     raise ConfigurationError(
-        f"unknown database URL {url!r}: use sqlite:///path/to/file.db or memory://"
+        f"unknown database URL {url!r}: use sqlite:///path/to/file.db, "
+        f"postgresql://user@host/db or memory://"
     )
 
 

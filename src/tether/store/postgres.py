@@ -1,0 +1,462 @@
+"""The PostgreSQL backend of the Store port, on psycopg 3 and psycopg_pool.
+
+Each operation is one transaction on a pooled connection; PostgreSQL is the coordination
+substrate for many workers on many machines: claims use FOR UPDATE SKIP LOCKED, writes are
+fenced by (owner, epoch), and NOTIFY tells idle workers that something became due. A URL's
+`?schema=name` keeps Tether's tables in that schema. SQL lives in sql/postgres/*.sql. This module
+must not import tether.core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import re
+from collections.abc import Awaitable, Callable, Sequence
+from importlib import resources
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from tether import faults
+from tether.errors import ConfigurationError, LeaseLost, RunNotFound, StoreUnavailable
+from tether.store.base import (
+    Checkpoint,
+    CheckpointStatus,
+    EventRef,
+    HeartbeatReply,
+    Lease,
+    NewRun,
+    RunRecord,
+    RunStatus,
+    WorkerInfo,
+    child_key,
+    child_outcome,
+)
+
+T = TypeVar("T")
+Conn = psycopg.AsyncConnection[Any]
+
+RUN_COLUMNS = (
+    "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
+    " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on"
+)
+CHANNEL = "tether"
+
+
+def _load_sql() -> tuple[dict[str, str], list[tuple[int, str]]]:
+    folder = resources.files("tether.store") / "sql" / "postgres"
+    queries: dict[str, str] = {}
+    name = None
+    for line in (folder / "queries.sql").read_text().splitlines():
+        if line.startswith("-- name:"):
+            name = line.split(":", 1)[1].strip()
+            queries[name] = ""
+        elif name is not None and not line.startswith("--"):
+            queries[name] += line + "\n"
+    queries = {k: v.strip().format(run_columns=RUN_COLUMNS) for k, v in queries.items()}
+    migrations = sorted(
+        (int(f.name.split("_", 1)[0]), f.read_text())
+        for f in folder.iterdir()
+        if f.name[:4].isdigit() and f.name.endswith(".sql")
+    )
+    return queries, migrations
+
+
+_Q, _MIGRATIONS = _load_sql()
+
+
+def _run(row: Sequence[Any]) -> RunRecord:
+    return RunRecord(
+        id=row[0], workflow=row[1], status=RunStatus(row[2]), args=row[3], result=row[4],
+        error=row[5], owner=row[6], epoch=row[7], lease_expires_at=row[8], wake_at=row[9],
+        deadline_at=row[10], cancel_requested=bool(row[11]), created_at=row[12],
+        updated_at=row[13], finished_at=row[14], parent_id=row[15],
+        wake_on=tuple(json.loads(row[16])) if row[16] else (),
+    )  # fmt: skip
+
+
+def _checkpoint(row: Sequence[Any]) -> Checkpoint:
+    return Checkpoint(
+        seq=row[0], name=row[1], kind=row[2], status=CheckpointStatus(row[3]), result=row[4],
+        error=row[5], attempts=row[6], started_at=row[7], finished_at=row[8], retry_at=row[9],
+    )  # fmt: skip
+
+
+def parse_postgres_url(url: str) -> tuple[str, str | None]:
+    """(the connection URL without Tether's own options, the schema or None)."""
+    parts = urlsplit(url)
+    query = parse_qs(parts.query)
+    schema = query.pop("schema", [None])[0]
+    if schema is not None and not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", schema):
+        raise ConfigurationError(
+            f"schema={schema!r} in the database URL: use lower-case letters, digits and _"
+        )
+    rest = urlencode({k: v[0] for k, v in query.items()})
+    scheme = "postgresql" if parts.scheme in ("postgres", "postgresql") else parts.scheme
+    return urlunsplit((scheme, parts.netloc, parts.path, rest, "")), schema
+
+
+async def _lease_lost(conn: Conn, lease: Lease) -> LeaseLost:
+    cur = await conn.execute(
+        "SELECT owner, epoch, status FROM tether_runs WHERE id = %s", (lease.run_id,)
+    )
+    row = await cur.fetchone()
+    now = "is gone" if row is None else f"is {row[2]}, owner {row[0]!r}, epoch {row[1]}"
+    return LeaseLost(
+        f"worker {lease.worker_id!r} lost run {lease.run_id!r} (it held epoch {lease.epoch}; "
+        f"the run {now}); this worker stops executing it"
+    )
+
+
+async def _deliver_event(conn: Conn, run_id: str, key: str, payload: str, now: float) -> None:
+    args = {"run_id": run_id, "key": key, "payload": payload, "now": now}
+    await conn.execute(_Q["insert_event"], args)
+    await conn.execute(_Q["wake_for_event"], args)
+    await conn.execute(f"NOTIFY {CHANNEL}")
+
+
+class PostgresStore:
+    """Store on a PostgreSQL database; many workers on many machines may share it."""
+
+    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+        self.url = url
+        self._conninfo, self._schema = parse_postgres_url(url)
+        self._sizes = (min_size, max_size)
+        self._pool: AsyncConnectionPool[Conn] | None = None
+        self._listener: Conn | None = None
+        self._listening: asyncio.Task[None] | None = None
+        self._changed = False
+
+    async def _configure(self, conn: Conn) -> None:
+        if self._schema is not None:
+            await conn.execute(f'SET search_path TO "{self._schema}"')
+        await conn.commit()
+
+    async def open(self) -> None:
+        if self._pool is not None:
+            return
+        try:
+            async with await psycopg.AsyncConnection.connect(self._conninfo) as conn:
+                await self._migrate(conn)
+            pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+                self._conninfo, min_size=self._sizes[0], max_size=self._sizes[1],
+                configure=self._configure, open=False,
+            )  # fmt: skip
+            await pool.open(wait=True)
+            listener = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+            await listener.execute(f"LISTEN {CHANNEL}")
+        except psycopg.Error as exc:
+            raise StoreUnavailable(f"cannot open PostgreSQL database {self.url!r}: {exc}") from exc
+        self._pool, self._listener = pool, listener
+        self._listening = asyncio.create_task(self._listen(listener))
+
+    async def _listen(self, conn: Conn) -> None:
+        # Short rounds: cancelling a task blocked inside notifies() can hang the connection,
+        # so close() asks the loop to end instead and waits for the round to finish.
+        with contextlib.suppress(psycopg.Error):
+            while self._pool is not None:
+                async for _ in conn.notifies(timeout=0.2):
+                    self._changed = True
+
+    async def _migrate(self, conn: Conn) -> None:
+        async with conn.transaction():
+            # One migrator at a time, across processes and machines.
+            await conn.execute("SELECT pg_advisory_xact_lock(7231)")
+            if self._schema is not None:
+                await conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
+                await conn.execute(f'SET LOCAL search_path TO "{self._schema}"')
+            await conn.execute(
+                "CREATE TABLE IF NOT EXISTS tether_migrations "
+                "(version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)"
+            )
+            cur = await conn.execute("SELECT version FROM tether_migrations")
+            done = {r[0] for r in await cur.fetchall()}
+            for version, sql in _MIGRATIONS:
+                if version not in done:
+                    await conn.execute(sql.encode())
+                    await conn.execute(
+                        "INSERT INTO tether_migrations VALUES (%s, extract(epoch FROM now()))",
+                        (version,),
+                    )
+
+    async def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if self._listening is not None:
+            with contextlib.suppress(Exception):
+                await self._listening
+        if self._listener is not None:
+            await self._listener.close()
+        if pool is not None:
+            await pool.close()
+        self._listener = self._listening = None
+
+    async def _tx(self, fn: Callable[[Conn], Awaitable[T]], *, write: bool, label: str = "") -> T:
+        """Run `fn` in one transaction on a pooled connection."""
+        if self._pool is None:
+            raise StoreUnavailable(f"the PostgreSQL store {self.url!r} is not open; open() it")
+        try:
+            async with self._pool.connection() as conn:
+                if write:
+                    faults.hit("store.before_write", label)
+                async with conn.transaction():
+                    result = await fn(conn)
+                    if write:
+                        faults.hit("store.before_commit", label)
+                if write:
+                    faults.hit("store.after_commit", label)
+                return result
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"PostgreSQL operation failed: {exc}") from exc
+
+    async def _rows(self, query: str, args: Any) -> list[tuple[Any, ...]]:
+        async def op(c: Conn) -> list[tuple[Any, ...]]:
+            return await (await c.execute(query, args)).fetchall()
+
+        return await self._tx(op, write=False)
+
+    # -- the port ---------------------------------------------------------------------------
+
+    async def register_worker(self, worker: WorkerInfo, now: float) -> None:
+        args = {"id": worker.id, "host": worker.host, "pid": worker.pid,
+                "pid_token": worker.pid_token, "now": now}  # fmt: skip
+
+        async def op(c: Conn) -> None:
+            await c.execute(_Q["upsert_worker"], args)
+
+        await self._tx(op, write=True, label=f"register_worker:{worker.id}")
+
+    async def list_workers(self, host: str | None = None) -> list[WorkerInfo]:
+        return [WorkerInfo(*r) for r in await self._rows(_Q["list_workers"], {"host": host})]
+
+    async def release_worker(self, worker_id: str, now: float) -> list[str]:
+        async def op(c: Conn) -> list[str]:
+            cur = await c.execute(_Q["release_worker_runs"], {"id": worker_id, "now": now})
+            ids = sorted(r[0] for r in await cur.fetchall())
+            await c.execute(_Q["delete_worker"], {"id": worker_id})
+            if ids:
+                await c.execute(f"NOTIFY {CHANNEL}")
+            return ids
+
+        return await self._tx(op, write=True, label=f"release_worker:{worker_id}")
+
+    async def heartbeat(
+        self, worker_id: str, leases: Sequence[Lease], lease_until: float, now: float
+    ) -> HeartbeatReply:
+        async def op(c: Conn) -> HeartbeatReply:
+            lost, cancel = [], []
+            for lease in leases:
+                cur = await c.execute(_Q["extend_lease"], {
+                    "run_id": lease.run_id, "worker": worker_id, "epoch": lease.epoch,
+                    "lease_until": lease_until})  # fmt: skip
+                row = await cur.fetchone()
+                if row is None:
+                    lost.append(lease.run_id)
+                elif row[0]:
+                    cancel.append(lease.run_id)
+            await c.execute(_Q["touch_worker"], {"id": worker_id, "now": now})
+            return HeartbeatReply(lost=lost, cancel=cancel)
+
+        return await self._tx(op, write=True, label="heartbeat")
+
+    async def create_run(
+        self,
+        run: NewRun,
+        now: float,
+        *,
+        owner: str | None = None,
+        lease_until: float | None = None,
+    ) -> tuple[RunRecord, bool]:
+        args = {
+            "id": run.id,
+            "workflow": run.workflow,
+            "args": run.args,
+            "now": now,
+            "deadline_at": run.deadline_at,
+            "parent_id": run.parent_id,
+            "owner": owner,
+            "status": (RunStatus.RUNNING if owner else RunStatus.PENDING).value,
+            "epoch": 1 if owner else 0,
+            "lease_expires_at": lease_until if owner else None,
+        }
+
+        async def op(c: Conn) -> tuple[RunRecord, bool]:
+            created = (await c.execute(_Q["insert_run"], args)).rowcount == 1
+            if created and owner is None:
+                await c.execute(f"NOTIFY {CHANNEL}")
+            row = await (await c.execute(_Q["get_run"], {"id": run.id})).fetchone()
+            assert row is not None
+            return _run(row), created
+
+        return await self._tx(op, write=True, label=f"create_run:{run.id}")
+
+    async def get_run(self, run_id: str) -> RunRecord | None:
+        rows = await self._rows(_Q["get_run"], {"id": run_id})
+        return _run(rows[0]) if rows else None
+
+    async def list_runs(
+        self,
+        *,
+        statuses: Sequence[RunStatus] = (),
+        workflow: str | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        args = {"any_status": not statuses, "statuses": [str(s) for s in statuses],
+                "workflow": workflow, "limit": max(0, limit)}  # fmt: skip
+        return [_run(r) for r in await self._rows(_Q["list_runs"], args)]
+
+    async def claim_runs(
+        self,
+        worker_id: str,
+        workflows: Sequence[str],
+        now: float,
+        lease_until: float,
+        limit: int,
+    ) -> list[RunRecord]:
+        args = {"worker": worker_id, "workflows": list(workflows), "now": now,
+                "lease_until": lease_until, "limit": max(0, limit)}  # fmt: skip
+
+        async def op(c: Conn) -> list[RunRecord]:
+            runs = [_run(r) for r in await (await c.execute(_Q["claim_runs"], args)).fetchall()]
+            return sorted(runs, key=lambda r: (r.created_at, r.id))
+
+        return await self._tx(op, write=True, label="claim_runs")
+
+    async def next_wake_at(self, workflows: Sequence[str]) -> float | None:
+        rows = await self._rows(_Q["next_wake_at"], {"workflows": list(workflows)})
+        return None if rows[0][0] is None else float(rows[0][0])
+
+    async def load_history(self, run_id: str) -> list[Checkpoint]:
+        return [_checkpoint(r) for r in await self._rows(_Q["load_history"], {"run_id": run_id})]
+
+    async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
+        args = _checkpoint_args(lease, checkpoint, checkpoint.result)
+
+        async def op(c: Conn) -> None:
+            if (await c.execute(_Q["upsert_checkpoint"], args)).rowcount != 1:
+                raise await _lease_lost(c, lease)
+
+        label = f"write_checkpoint:{checkpoint.name}:{checkpoint.status.value}"
+        await self._tx(op, write=True, label=label)
+
+    async def suspend_run(
+        self, lease: Lease, wake_at: float | None, now: float, wake_on: Sequence[str] = ()
+    ) -> None:
+        args = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch,
+                "wake_at": wake_at, "now": now, "wake_on": json.dumps(list(wake_on)),
+                "wake_on_keys": list(wake_on)}  # fmt: skip
+
+        async def op(c: Conn) -> None:
+            if (await c.execute(_Q["suspend_run"], args)).rowcount != 1:
+                raise await _lease_lost(c, lease)
+            await c.execute(f"NOTIFY {CHANNEL}")
+
+        await self._tx(op, write=True, label=f"suspend_run:{lease.run_id}")
+
+    async def finish_run(
+        self,
+        lease: Lease,
+        status: RunStatus,
+        result: str | None,
+        error: str | None,
+        now: float,
+    ) -> None:
+        if not RunStatus(status).terminal:
+            raise ValueError(f"finish_run needs a terminal status, not {status!r}")
+        args = {
+            "run_id": lease.run_id,
+            "worker": lease.worker_id,
+            "epoch": lease.epoch,
+            "status": str(status),
+            "result": result,
+            "error": error,
+            "now": now,
+        }
+
+        async def op(c: Conn) -> None:
+            row = await (await c.execute(_Q["finish_run"], args)).fetchone()
+            if row is None:
+                raise await _lease_lost(c, lease)
+            if row[0] is not None:  # tell the parent, in the same transaction
+                outcome = child_outcome(status, result, error)
+                await _deliver_event(c, row[0], child_key(lease.run_id), outcome, now)
+
+        await self._tx(op, write=True, label=f"finish_run:{lease.run_id}")
+
+    async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
+        async def op(c: Conn) -> RunRecord:
+            if await (await c.execute(_Q["get_run"], {"id": run_id})).fetchone() is None:
+                raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
+            todo = [run_id]
+            while todo:  # the run, then its unfinished descendants
+                current = todo.pop()
+                args = {"id": current, "error": error, "now": now}
+                row = await (await c.execute(_Q["cancel_unowned"], args)).fetchone()
+                if row is None:
+                    await c.execute(_Q["cancel_owned"], args)
+                elif row[0] is not None:
+                    outcome = child_outcome(RunStatus.CANCELLED, None, error)
+                    await _deliver_event(c, row[0], child_key(current), outcome, now)
+                cur = await c.execute(_Q["children"], {"id": current})
+                todo += [r[0] for r in await cur.fetchall()]
+            row = await (await c.execute(_Q["get_run"], {"id": run_id})).fetchone()
+            assert row is not None
+            return _run(row)
+
+        return await self._tx(op, write=True, label=f"cancel_run:{run_id}")
+
+    async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
+        async def op(c: Conn) -> RunRecord:
+            row = await (await c.execute(_Q["get_run"], {"id": run_id})).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
+            record = _run(row)
+            if not record.status.terminal:
+                await _deliver_event(c, run_id, key, payload, now)
+            return record
+
+        return await self._tx(op, write=True, label=f"deliver_event:{key}")
+
+    async def take_event(
+        self, lease: Lease, keys: Sequence[str], checkpoint: Checkpoint, now: float
+    ) -> str | None:
+        fence = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch}
+        query = {"run_id": lease.run_id, "keys": list(keys)}
+        if not await self._rows(_Q["oldest_event"], query):
+            return None  # a look at an empty mailbox is a read
+
+        async def op(c: Conn) -> str | None:
+            if await (await c.execute(_Q["lease_held"], fence)).fetchone() is None:
+                raise await _lease_lost(c, lease)
+            row = await (await c.execute(_Q["oldest_event"], query)).fetchone()
+            if row is None:
+                return None
+            event_id, key, payload = row
+            await c.execute(_Q["consume_event"], {"id": event_id, "by": checkpoint.name,
+                                                  "now": now})  # fmt: skip
+            result = f'{{"key":{json.dumps(key)},"value":{payload}}}'
+            await c.execute(_Q["upsert_checkpoint"], _checkpoint_args(lease, checkpoint, result))
+            return result
+
+        return await self._tx(op, write=True, label=f"take_event:{checkpoint.name}")
+
+    async def events_after(self, event_id: int, limit: int = 1000) -> list[EventRef]:
+        rows = await self._rows(_Q["events_after"], {"after": event_id, "limit": limit})
+        return [EventRef(*r) for r in rows]
+
+    async def last_event_id(self) -> int:
+        return int((await self._rows(_Q["last_event_id"], {}))[0][0])
+
+    async def poll_changes(self) -> bool:
+        changed, self._changed = self._changed, False
+        return changed
+
+
+def _checkpoint_args(lease: Lease, cp: Checkpoint, result: str | None) -> dict[str, Any]:
+    return {"run_id": lease.run_id, "seq": cp.seq, "name": cp.name, "kind": cp.kind,
+            "status": cp.status.value, "result": result, "error": cp.error,
+            "attempts": cp.attempts, "started_at": cp.started_at, "finished_at": cp.finished_at,
+            "retry_at": cp.retry_at, "worker": lease.worker_id, "epoch": lease.epoch}  # fmt: skip

@@ -1,0 +1,152 @@
+-- Named queries of the PostgreSQL backend, one per statement; `-- name:` starts each.
+-- Run columns are always selected in the order of RUN_COLUMNS in sqlite.py (shared).
+
+-- name: insert_run
+INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
+                         deadline_at, parent_id, created_at, updated_at)
+VALUES (%(id)s, %(workflow)s, %(status)s, %(args)s, %(owner)s, %(epoch)s, %(lease_expires_at)s,
+        %(deadline_at)s, %(parent_id)s, %(now)s, %(now)s)
+ON CONFLICT (id) DO NOTHING;
+
+-- name: get_run
+SELECT {run_columns} FROM tether_runs WHERE id = %(id)s;
+
+-- name: list_runs
+SELECT {run_columns} FROM tether_runs
+WHERE (%(any_status)s OR status = ANY(%(statuses)s))
+  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s)
+ORDER BY created_at DESC, id DESC
+LIMIT %(limit)s;
+
+-- name: claim_runs
+-- SKIP LOCKED: workers claiming at once take different runs instead of queueing on row locks.
+UPDATE tether_runs
+SET owner = %(worker)s, epoch = epoch + 1, status = 'running',
+    lease_expires_at = %(lease_until)s, wake_at = NULL, updated_at = %(now)s
+WHERE id IN (
+    SELECT id FROM tether_runs
+    WHERE workflow = ANY(%(workflows)s)
+      AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s))
+        OR (status = 'waiting' AND wake_at <= %(now)s)
+        OR (status = 'running' AND lease_expires_at < %(now)s))
+    ORDER BY created_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+RETURNING {run_columns};
+
+-- name: next_wake_at
+SELECT min(t) FROM (
+    SELECT min(wake_at) AS t FROM tether_runs
+    WHERE status IN ('pending', 'waiting') AND wake_at IS NOT NULL
+      AND workflow = ANY(%(workflows)s)
+    UNION ALL
+    SELECT min(lease_expires_at) FROM tether_runs
+    WHERE status = 'running' AND workflow = ANY(%(workflows)s)) AS due;
+
+-- name: lease_held
+SELECT 1 FROM tether_runs
+WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s
+FOR UPDATE;
+
+-- name: load_history
+SELECT seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at
+FROM tether_checkpoints WHERE run_id = %(run_id)s ORDER BY seq;
+
+-- name: upsert_checkpoint
+INSERT INTO tether_checkpoints
+    (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at)
+SELECT %(run_id)s, %(seq)s, %(name)s, %(kind)s, %(status)s, %(result)s, %(error)s, %(attempts)s,
+       %(started_at)s, %(finished_at)s, %(retry_at)s
+WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = %(run_id)s AND status = 'running'
+                                         AND owner = %(worker)s AND epoch = %(epoch)s)
+ON CONFLICT (run_id, seq) DO UPDATE SET
+    name = excluded.name, kind = excluded.kind, status = excluded.status,
+    result = excluded.result, error = excluded.error, attempts = excluded.attempts,
+    started_at = excluded.started_at, finished_at = excluded.finished_at,
+    retry_at = excluded.retry_at;
+
+-- name: suspend_run
+UPDATE tether_runs
+SET status = 'waiting', owner = NULL, lease_expires_at = NULL, wake_on = %(wake_on)s,
+    wake_at = CASE WHEN cancel_requested OR EXISTS (
+        SELECT 1 FROM tether_events
+        WHERE run_id = %(run_id)s AND consumed_by IS NULL
+          AND key = ANY(%(wake_on_keys)s))
+        THEN %(now)s ELSE %(wake_at)s END,
+    updated_at = %(now)s
+WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s;
+
+-- name: finish_run
+UPDATE tether_runs
+SET status = %(status)s, result = %(result)s, error = %(error)s, owner = NULL,
+    lease_expires_at = NULL, wake_at = NULL, wake_on = NULL, cancel_requested = FALSE,
+    finished_at = %(now)s, updated_at = %(now)s
+WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s
+RETURNING parent_id;
+
+-- name: extend_lease
+UPDATE tether_runs SET lease_expires_at = %(lease_until)s
+WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s
+RETURNING cancel_requested;
+
+-- name: cancel_unowned
+UPDATE tether_runs
+SET status = 'cancelled', error = %(error)s, owner = NULL, lease_expires_at = NULL,
+    wake_at = NULL, wake_on = NULL, cancel_requested = FALSE, finished_at = %(now)s,
+    updated_at = %(now)s
+WHERE id = %(id)s AND status IN ('pending', 'waiting')
+RETURNING parent_id;
+
+-- name: cancel_owned
+UPDATE tether_runs SET cancel_requested = TRUE, updated_at = %(now)s
+WHERE id = %(id)s AND status = 'running';
+
+-- name: children
+SELECT id FROM tether_runs
+WHERE parent_id = %(id)s AND status NOT IN ('succeeded', 'failed', 'cancelled');
+
+-- name: upsert_worker
+INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at)
+VALUES (%(id)s, %(host)s, %(pid)s, %(pid_token)s, %(now)s, %(now)s)
+ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
+    pid_token = excluded.pid_token, heartbeat_at = excluded.heartbeat_at;
+
+-- name: touch_worker
+UPDATE tether_workers SET heartbeat_at = %(now)s WHERE id = %(id)s;
+
+-- name: list_workers
+SELECT id, host, pid, pid_token, started_at, heartbeat_at FROM tether_workers
+WHERE (%(host)s::text IS NULL OR host = %(host)s) ORDER BY id;
+
+-- name: release_worker_runs
+UPDATE tether_runs
+SET status = 'pending', owner = NULL, lease_expires_at = NULL, wake_at = NULL,
+    updated_at = %(now)s
+WHERE owner = %(id)s AND status = 'running'
+RETURNING id;
+
+-- name: delete_worker
+DELETE FROM tether_workers WHERE id = %(id)s;
+
+-- name: insert_event
+INSERT INTO tether_events (run_id, key, payload, created_at)
+VALUES (%(run_id)s, %(key)s, %(payload)s, %(now)s);
+
+-- name: wake_for_event
+UPDATE tether_runs SET wake_at = %(now)s, updated_at = %(now)s
+WHERE id = %(run_id)s AND status = 'waiting' AND wake_on IS NOT NULL
+  AND wake_on::jsonb ? %(key)s;
+
+-- name: oldest_event
+SELECT id, key, payload FROM tether_events
+WHERE run_id = %(run_id)s AND consumed_by IS NULL AND key = ANY(%(keys)s)
+ORDER BY id LIMIT 1;
+
+-- name: consume_event
+UPDATE tether_events SET consumed_by = %(by)s, consumed_at = %(now)s WHERE id = %(id)s;
+
+-- name: events_after
+SELECT id, run_id, key FROM tether_events WHERE id > %(after)s ORDER BY id LIMIT %(limit)s;
+
+-- name: last_event_id
+SELECT coalesce(max(id), 0) FROM tether_events;
