@@ -1,0 +1,80 @@
+"""Schema migrations: an older database upgrades in place and keeps its runs; migrating is
+idempotent and safe to race; the schema built by migrations is the expected one."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import tether
+from tether.store import sqlite as sqlite_backend
+from tether.store.base import NewRun, RunStatus
+from tether.store.postgres import PostgresStore
+from tether.store.sqlite import SqliteStore
+from tests.postgres_server import with_schema
+
+EXPECTED_SQLITE_TABLES = {
+    "tether_migrations", "tether_runs", "tether_checkpoints", "tether_workers", "tether_events",
+}  # fmt: skip
+
+
+async def test_a_database_made_by_the_first_migration_upgrades_and_keeps_its_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "old.db"
+    first_only = [m for m in sqlite_backend._MIGRATIONS if m[0] == 1]
+    monkeypatch.setattr(sqlite_backend, "_MIGRATIONS", first_only)
+    old = SqliteStore(f"sqlite:///{path}")
+    await old.open()
+    await old.close()
+    with sqlite3.connect(path) as conn:  # a run as version 1 wrote it
+        conn.execute(
+            "INSERT INTO tether_runs (id, workflow, status, args, created_at, updated_at) "
+            "VALUES ('kept', 'wf', 'pending', '{\"args\": [], \"kwargs\": {}}', 1.0, 1.0)"
+        )
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(tether_runs)")}
+    assert "parent_id" not in columns  # really the old schema
+    monkeypatch.undo()
+
+    app = tether.App(f"sqlite:///{path}")
+
+    @app.workflow()
+    async def wf() -> str:
+        await tether.sleep_until(tether.now())  # a wait: needs the new schema
+        return "done"
+
+    async with app:
+        assert await (await app.get("kept")).result(timeout=10) == "done"
+    with sqlite3.connect(path) as conn:
+        versions = [r[0] for r in conn.execute("SELECT version FROM tether_migrations")]
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert versions == [1, 2]
+    assert EXPECTED_SQLITE_TABLES <= tables
+
+
+async def test_opening_the_same_sqlite_database_from_many_stores_at_once_migrates_once(
+    tmp_path: Path,
+) -> None:
+    stores = [SqliteStore(f"sqlite:///{tmp_path}/race.db") for _ in range(5)]
+    await asyncio.gather(*(s.open() for s in stores))
+    await asyncio.gather(*(s.close() for s in stores))
+    with sqlite3.connect(tmp_path / "race.db") as conn:
+        assert [r[0] for r in conn.execute("SELECT version FROM tether_migrations")] == [1, 2]
+
+
+async def test_postgres_migrations_are_idempotent_and_safe_to_race(postgres_url: str) -> None:
+    url = with_schema(postgres_url, "t_migrations_race")
+    stores = [PostgresStore(url) for _ in range(4)]
+    await asyncio.gather(*(s.open() for s in stores))
+    record, created = await stores[0].create_run(NewRun("r", "wf", "{}"), 1.0)
+    assert created
+    await asyncio.gather(*(s.close() for s in stores))
+    again = PostgresStore(url)
+    await again.open()
+    kept = await again.get_run("r")
+    await again.close()
+    assert kept is not None
+    assert kept.status is RunStatus.PENDING
