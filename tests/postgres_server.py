@@ -47,6 +47,52 @@ def _as_user() -> tuple[Callable[[], None] | None, int | None, int | None]:
     return drop, user.pw_uid, user.pw_gid
 
 
+class LocalPostgres:
+    """A cluster in a temporary folder, run as an unprivileged user when we are root."""
+
+    def __init__(self) -> None:
+        initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
+        if initdb is None or pg_ctl is None:
+            raise FileNotFoundError("no initdb/pg_ctl on this machine")
+        self.initdb, self.pg_ctl = initdb, pg_ctl
+        self.folder = Path(tempfile.mkdtemp(prefix="tether-pg-"))
+        self.data = self.folder / "data"
+        self.drop, uid, gid = _as_user()
+        if uid is not None and gid is not None:
+            os.chown(self.folder, uid, gid)
+            self.folder.chmod(0o700)
+        self.port = _free_port()
+        self.url = f"postgresql://tether@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *args: str, check: bool = True) -> None:
+        try:
+            subprocess.run(
+                list(args), preexec_fn=self.drop, env=dict(os.environ, LC_ALL="C"),
+                cwd=self.folder, capture_output=True, text=True, check=check,
+            )  # fmt: skip
+        except subprocess.CalledProcessError as exc:
+            raise RuntimeError(f"{args[0]} failed: {exc.stderr}") from exc
+
+    def start(self) -> None:
+        if not self.data.exists():
+            self._run(self.initdb, "-D", str(self.data), "-U", "tether", "--auth=trust",
+                      "-E", "UTF8", "--no-sync")  # fmt: skip
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 "
+            f"-c unix_socket_directories={self.folder} -c fsync=off -c max_connections=200 "
+            "-c shared_buffers=32MB"
+        )
+        self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.folder / "server.log"),
+                  "-o", options, "-w", "-t", "60", "start")  # fmt: skip
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run(self.pg_ctl, "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
+
+    def remove(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def postgres_server() -> Iterator[str | None]:
     """The URL of a PostgreSQL database for tests, or None when none can be had here."""
@@ -54,43 +100,16 @@ def postgres_server() -> Iterator[str | None]:
     if configured:
         yield configured
         return
-    initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
-    if initdb is None or pg_ctl is None:
+    try:
+        server = LocalPostgres()
+    except FileNotFoundError:
         yield None
         return
-    folder = Path(tempfile.mkdtemp(prefix="tether-pg-"))
-    data, log = folder / "data", folder / "server.log"
-    drop, uid, gid = _as_user()
-    if uid is not None and gid is not None:
-        os.chown(folder, uid, gid)
-        folder.chmod(0o700)
-    port = _free_port()
-    env = dict(os.environ, LC_ALL="C")
     try:
-        subprocess.run(
-            [initdb, "-D", str(data), "-U", "tether", "--auth=trust", "-E", "UTF8", "--no-sync"],
-            preexec_fn=drop, env=env, cwd=folder, capture_output=True, text=True, check=True,
-        )  # fmt: skip
-        options = (
-            f"-p {port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={folder} "
-            "-c fsync=off -c max_connections=200 -c shared_buffers=32MB"
-        )
-        subprocess.run(
-            [pg_ctl, "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start"],
-            preexec_fn=drop, env=env, cwd=folder, capture_output=True, text=True, check=True,
-        )  # fmt: skip
-    except (subprocess.CalledProcessError, OSError) as exc:
-        detail = getattr(exc, "stderr", "") or ""
-        shutil.rmtree(folder, ignore_errors=True)
-        raise RuntimeError(f"could not start a test PostgreSQL: {exc} {detail}") from exc
-    try:
-        yield f"postgresql://tether@127.0.0.1:{port}/postgres"
+        server.start()
+        yield server.url
     finally:
-        subprocess.run(
-            [pg_ctl, "-D", str(data), "-m", "immediate", "-w", "stop"],
-            preexec_fn=drop, env=env, cwd=folder, capture_output=True, check=False,
-        )  # fmt: skip
-        shutil.rmtree(folder, ignore_errors=True)
+        server.remove()
 
 
 def with_schema(url: str, schema: str) -> str:

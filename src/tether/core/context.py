@@ -9,19 +9,30 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import secrets
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether.errors import ConfigurationError, LeaseLost, NonDeterminismError, NotInWorkflow
+from tether.errors import (
+    ConfigurationError,
+    LeaseLost,
+    NonDeterminismError,
+    NotInWorkflow,
+    StoreUnavailable,
+)
 from tether.store.base import Checkpoint, CheckpointStatus, Lease
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine
+
+
+log = logging.getLogger("tether.runner")
+T = TypeVar("T")
 
 
 class _Signal(BaseException):
@@ -50,7 +61,7 @@ class EndOfHistory(_Signal):
 class Abandon(_Signal):
     """The run cannot go on here: the lease was lost, or replay diverged from the history."""
 
-    def __init__(self, cause: LeaseLost | NonDeterminismError) -> None:
+    def __init__(self, cause: LeaseLost | NonDeterminismError | StoreUnavailable) -> None:
         super().__init__(str(cause))
         self.cause = cause
 
@@ -139,15 +150,25 @@ class RunContext:
         if self.abandoned is not None:
             raise self.abandoned
         store = self.engine.store
-        now = self.engine.clock.now()
-        try:
-            if self.pending:
-                pending, self.pending = self.pending, []
+        pending = self.pending
+        self.pending = []
+
+        async def call() -> None:
+            now = self.engine.clock.now()
+            if pending:
                 await asyncio.gather(*(store.write_checkpoint(self.lease, c, now) for c in pending))
             await store.write_checkpoint(self.lease, checkpoint, now)
-        except LeaseLost as exc:
-            self.abandoned = Abandon(exc)
-            raise self.abandoned from None
+
+        async def read_back() -> object:
+            history = {c.seq: c for c in await store.load_history(self.run_id)}
+            written = all(
+                (found := history.get(c.seq)) is not None
+                and (found.status, found.attempts) == (c.status, c.attempts)
+                for c in [*pending, checkpoint]
+            )
+            return None if written else MISSING
+
+        await self._durable(call, read_back)
         self.history[checkpoint.seq] = checkpoint
 
     async def take_event(self, keys: Sequence[str], done: Checkpoint, now: float) -> str | None:
@@ -156,14 +177,30 @@ class RunContext:
             raise self.abandoned
         if self.pending:
             await self.flush()
-        try:
-            taken = await self.engine.store.take_event(self.lease, keys, done, now)
-        except LeaseLost as exc:
-            self.abandoned = Abandon(exc)
-            raise self.abandoned from None
+        store = self.engine.store
+
+        async def call() -> str | None:
+            return await store.take_event(self.lease, keys, done, self.engine.clock.now())
+
+        async def read_back() -> object:
+            # Taken before the acknowledgement was lost: the checkpoint holds it. Taking again
+            # would consume a second event.
+            found = {c.seq: c for c in await store.load_history(self.run_id)}.get(done.seq)
+            return found.result if found is not None else MISSING
+
+        taken = await self._durable(call, read_back)
         if taken is not None:
             self.history[done.seq] = done
-        return taken
+        return None if taken is None else str(taken)
+
+    async def _durable(
+        self, call: Callable[[], Awaitable[object]], read_back: Callable[[], Awaitable[object]]
+    ) -> Any:
+        try:
+            return await retry_store(self.engine, call, read_back)
+        except (LeaseLost, StoreUnavailable) as exc:
+            self.abandoned = Abandon(exc)
+            raise self.abandoned from None
 
     def peek(self) -> Checkpoint | None:
         """What the history holds at the next position, without taking it."""
@@ -190,6 +227,36 @@ class RunContext:
 
 
 _FINAL = (CheckpointStatus.COMPLETED, CheckpointStatus.FAILED)
+
+MISSING = object()  # what a read-back returns when the write did not happen
+
+
+async def retry_store(
+    engine: Engine, call: Callable[[], Awaitable[T]], read_back: Callable[[], Awaitable[object]]
+) -> T:
+    """Run a store write; while the database is unreachable, try again with backoff (for up to
+    settings.store_outage seconds). A write whose acknowledgement was lost is resolved by
+    reading it back, never by writing twice: `read_back` returns the outcome if the write
+    happened, MISSING if not."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + engine.settings.store_outage
+    delay = 0.05
+    while True:
+        try:
+            return await call()
+        except StoreUnavailable as exc:
+            if loop.time() >= give_up:
+                raise
+            log.warning("the database is unreachable (%s); retrying in %.2fs", exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+        try:
+            found = await read_back()
+        except StoreUnavailable:
+            continue
+        if found is not MISSING:
+            return found  # type: ignore[return-value]
+
 
 _RUN: ContextVar[RunContext | None] = ContextVar("tether_run", default=None)
 _STEP: ContextVar[StepContext | None] = ContextVar("tether_step", default=None)

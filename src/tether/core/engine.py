@@ -24,6 +24,7 @@ class Settings:
     lease_duration: float = 15.0  # seconds a lease lasts without a heartbeat
     inline_wait_max: float = 2.0  # waits up to this long hold the lease; longer ones suspend
     max_held_waits: int = 1000  # waits held in memory at once; beyond, waiting runs suspend
+    store_outage: float = 60.0  # how long a run retries its writes while the database is away
     poll_interval: float = 1.0  # fallback for work created by other processes
     concurrency: int = 1000  # runs one worker executes at once
     force_replay: bool = False  # replay the run from the store after every new checkpoint

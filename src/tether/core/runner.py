@@ -11,12 +11,21 @@ import asyncio
 import dataclasses
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tether.core.context import _RUN, Abandon, ReplayNow, RunContext, Suspend
+from tether.core.context import (
+    _RUN,
+    MISSING,
+    Abandon,
+    ReplayNow,
+    RunContext,
+    Suspend,
+    retry_store,
+)
 from tether.core.engine import Engine
 from tether.core.workflow import Workflow
-from tether.errors import LeaseLost, WorkflowTimeout
+from tether.errors import LeaseLost, StoreUnavailable, WorkflowTimeout
 from tether.serde import encode_error
 from tether.store.base import Checkpoint, Lease, RunRecord, RunStatus
 
@@ -116,13 +125,16 @@ class Runner:
                 wake_at = (
                     record.deadline_at if wake_at is None else min(wake_at, record.deadline_at)
                 )
-            await engine.store.suspend_run(
-                self.lease, wake_at, engine.clock.now(), wake_on=failure.wake_on
-            )
+            lease, wake_on = self.lease, failure.wake_on
+
+            async def suspend() -> None:
+                await engine.store.suspend_run(lease, wake_at, engine.clock.now(), wake_on)
+
+            await retry_store(engine, suspend, self._read_back(RunStatus.WAITING))
             self.suspended = True
         elif isinstance(failure, Abandon):
-            if isinstance(failure.cause, LeaseLost):
-                raise failure.cause from None
+            if isinstance(failure.cause, LeaseLost | StoreUnavailable):
+                raise failure.cause from None  # not the run's failure: stop, it is resumed
             await self._fail(failure.cause)
         elif isinstance(failure, asyncio.CancelledError):
             task = asyncio.current_task()
@@ -136,6 +148,17 @@ class Runner:
             await self._fail(failure)
         else:
             raise failure  # KeyboardInterrupt, SystemExit: not the run's to record
+
+    def _read_back(self, status: RunStatus) -> Callable[[], Awaitable[object]]:
+        """Whether a write that lost its acknowledgement left the run in `status` (released
+        by this lease: its epoch unchanged)."""
+
+        async def read() -> object:
+            run = await self.engine.store.get_run(self.record.id)
+            done = run is not None and run.status is status and run.epoch == self.lease.epoch
+            return None if done else MISSING
+
+        return read
 
     async def _execute(self, ctx: RunContext, workflow: Workflow[..., Any]) -> str:
         deadline = self.record.deadline_at
@@ -186,7 +209,11 @@ class Runner:
 
     async def _finish(self, status: RunStatus, result: str | None, error: str | None) -> None:
         now = self.engine.clock.now()
-        await self.engine.store.finish_run(self.lease, status, result, error, now)
+
+        async def finish() -> None:
+            await self.engine.store.finish_run(self.lease, status, result, error, now)
+
+        await retry_store(self.engine, finish, self._read_back(status))
         if self.record.parent_id is not None:
             self.engine.wake(self.record.parent_id)  # a parent waiting here learns at once
         self.final = dataclasses.replace(

@@ -154,13 +154,22 @@ class PostgresStore:
         self._pool, self._listener = pool, listener
         self._listening = asyncio.create_task(self._listen(listener))
 
-    async def _listen(self, conn: Conn) -> None:
+    async def _listen(self, conn: Conn | None) -> None:
         # Short rounds: cancelling a task blocked inside notifies() can hang the connection,
-        # so close() asks the loop to end instead and waits for the round to finish.
-        with contextlib.suppress(psycopg.Error):
-            while self._pool is not None:
+        # so close() asks the loop to end instead and waits for the round to finish. A lost
+        # connection (server restart, killed backend) is opened again.
+        while self._pool is not None:
+            try:
+                if conn is None or conn.closed:
+                    conn = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self._listener = conn
+                    self._changed = True  # notifications may have been missed meanwhile
                 async for _ in conn.notifies(timeout=0.2):
                     self._changed = True
+            except psycopg.Error:
+                conn = None
+                await asyncio.sleep(0.1)
 
     async def _migrate(self, conn: Conn) -> None:
         async with conn.transaction():
@@ -195,22 +204,29 @@ class PostgresStore:
         self._listener = self._listening = None
 
     async def _tx(self, fn: Callable[[Conn], Awaitable[T]], *, write: bool, label: str = "") -> T:
-        """Run `fn` in one transaction on a pooled connection."""
+        """Run `fn` in one transaction on a pooled connection. A read that meets a broken
+        connection (a server restart, a killed backend) is tried again on a fresh one; a write
+        is not, since it may have committed: the engine resolves that by reading back."""
         if self._pool is None:
             raise StoreUnavailable(f"the PostgreSQL store {self.url!r} is not open; open() it")
-        try:
-            async with self._pool.connection() as conn:
-                if write:
-                    faults.hit("store.before_write", label)
-                async with conn.transaction():
-                    result = await fn(conn)
+        tries = 1 if write else 3
+        for attempt in range(1, tries + 1):
+            try:
+                async with self._pool.connection() as conn:
                     if write:
-                        faults.hit("store.before_commit", label)
-                if write:
-                    faults.hit("store.after_commit", label)
-                return result
-        except psycopg.OperationalError as exc:
-            raise StoreUnavailable(f"PostgreSQL operation failed: {exc}") from exc
+                        faults.hit("store.before_write", label)
+                    async with conn.transaction():
+                        result = await fn(conn)
+                        if write:
+                            faults.hit("store.before_commit", label)
+                    if write:
+                        faults.hit("store.after_commit", label)
+                    return result
+            except psycopg.OperationalError as exc:
+                if attempt == tries:
+                    raise StoreUnavailable(f"PostgreSQL operation failed: {exc}") from exc
+                await asyncio.sleep(0.05 * attempt)
+        raise AssertionError("unreachable")
 
     async def _rows(self, query: str, args: Any) -> list[tuple[Any, ...]]:
         async def op(c: Conn) -> list[tuple[Any, ...]]:
