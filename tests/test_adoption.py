@@ -13,10 +13,10 @@ import uuid
 from pathlib import Path
 
 import pytest
+from tests.postgres_server import with_schema
 
 from tether.store import store_from_url
 from tether.store.base import RunRecord, WorkerInfo
-from tests.postgres_server import with_schema
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = 1.5
