@@ -16,6 +16,8 @@ SRC = Path(tether.__file__).parent
 
 # The public API, as promised: adding a name is a decision, removing one is a breaking change.
 PUBLIC = {
+    "DuplicateRun",
+    "Rate",
     "ChildHandle",
     "EventRefused",
     "Winner",

@@ -51,7 +51,7 @@ async def test_a_database_made_by_the_first_migration_upgrades_and_keeps_its_run
     with sqlite3.connect(path) as conn:
         versions = [r[0] for r in conn.execute("SELECT version FROM tether_migrations")]
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert versions == [1, 2]
+    assert versions == [1, 2, 3]
     assert tables >= EXPECTED_SQLITE_TABLES
 
 
@@ -62,7 +62,7 @@ async def test_opening_the_same_sqlite_database_from_many_stores_at_once_migrate
     await asyncio.gather(*(s.open() for s in stores))
     await asyncio.gather(*(s.close() for s in stores))
     with sqlite3.connect(tmp_path / "race.db") as conn:
-        assert [r[0] for r in conn.execute("SELECT version FROM tether_migrations")] == [1, 2]
+        assert [r[0] for r in conn.execute("SELECT version FROM tether_migrations")] == [1, 2, 3]
 
 
 async def test_postgres_migrations_are_idempotent_and_safe_to_race(postgres_url: str) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from tether.app import App
+from tether.app import App, Rate
 from tether.clock import to_datetime
 from tether.core.context import idempotency_key, now_seconds, patched, random, uuid4
 from tether.core.handle import RunHandle, RunInfo
@@ -47,6 +47,7 @@ from tether.core.waits import (
 from tether.core.workflow import Workflow
 from tether.errors import (
     ConfigurationError,
+    DuplicateRun,
     EventRefused,
     IdempotencyConflict,
     LeaseLost,
@@ -85,6 +86,7 @@ __all__ = [
     "CheckpointStatus",
     "ChildHandle",
     "ConfigurationError",
+    "DuplicateRun",
     "EventRefused",
     "IdempotencyConflict",
     "LeaseLost",
@@ -92,6 +94,7 @@ __all__ = [
     "NotInWorkflow",
     "PayloadTooLarge",
     "PermanentError",
+    "Rate",
     "Retry",
     "RunCancelled",
     "RunFailed",

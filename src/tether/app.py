@@ -8,6 +8,7 @@ and the handles. It holds no execution logic and imports no backend directly.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
@@ -25,7 +26,7 @@ from tether.core.workflow import Workflow
 from tether.errors import ConfigurationError, EventRefused, RunNotFound
 from tether.serde import DEFAULT_MAX_PAYLOAD, Serde
 from tether.store import default_url, store_from_url
-from tether.store.base import RunStatus, Store
+from tether.store.base import QueueLimits, RunStatus, Store
 
 if TYPE_CHECKING:
     from tether.sync import SyncApp
@@ -38,6 +39,18 @@ def _env_flag(name: str) -> bool:
     import os
 
     return os.environ.get(name, "").lower() in ("1", "true", "yes")
+
+
+@dataclass(frozen=True, slots=True)
+class Rate:
+    """A rate limit: at most `count` starts per `per`."""
+
+    count: int
+    per: timedelta = timedelta(minutes=1)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.count, int) or self.count < 1 or self.per <= timedelta(0):
+            raise ConfigurationError(f"a Rate needs count >= 1 and a positive period: {self!r}")
 
 
 class _WorkflowDecorator:
@@ -106,16 +119,30 @@ class App:
     def workflow(self, fn: Callable[P, Awaitable[R]], /) -> Workflow[P, R]: ...
     @overload
     def workflow(
-        self, /, *, name: str | None = None, timeout: timedelta | None = None
+        self,
+        /,
+        *,
+        name: str | None = None,
+        timeout: timedelta | None = None,
+        queue: str | None = None,
     ) -> _WorkflowDecorator: ...
 
     def workflow(
-        self, fn: Any = None, /, *, name: str | None = None, timeout: timedelta | None = None
+        self,
+        fn: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        timeout: timedelta | None = None,
+        queue: str | None = None,
     ) -> Any:
-        """Register an `async def` as a workflow: deterministic code that calls steps."""
+        """Register an `async def` as a workflow: deterministic code that calls steps. Its runs
+        go to `queue`, if given (see `app.queue` for its limits)."""
 
         def register(f: Callable[..., Awaitable[Any]]) -> Workflow[..., Any]:
-            wf: Workflow[..., Any] = Workflow(f, name=name or f.__name__, timeout=timeout)
+            wf: Workflow[..., Any] = Workflow(
+                f, name=name or f.__name__, timeout=timeout, queue=queue
+            )
             if wf.name in self.engine.workflows:
                 raise ConfigurationError(
                     f"two workflows are named {wf.name!r}; pass name= to tell them apart"
@@ -165,6 +192,28 @@ class App:
             )
 
         return register(fn) if fn is not None else _StepDecorator(register)
+
+    def queue(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        worker_concurrency: int | None = None,
+        rate: Rate | None = None,
+    ) -> None:
+        """Set the limits of a queue: runs running at once across all workers, on one worker,
+        and starts per period (`tether.Rate(100, per=timedelta(minutes=1))`)."""
+        for label, value in (("concurrency", concurrency),
+                             ("worker_concurrency", worker_concurrency)):  # fmt: skip
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ConfigurationError(f"queue {name!r}: {label} must be an int >= 1")
+        if rate is not None and not isinstance(rate, Rate):
+            raise ConfigurationError(f"queue {name!r}: rate takes a tether.Rate, not {rate!r}")
+        self.engine.queues[name] = QueueLimits(
+            concurrency=concurrency, worker_concurrency=worker_concurrency,
+            rate=None if rate is None else rate.count,
+            period=60.0 if rate is None else rate.per.total_seconds(),
+        )  # fmt: skip
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -232,14 +281,21 @@ class App:
         workflow: Workflow[..., R] | str,
         *args: Any,
         id: str | None = None,
+        priority: int = 0,
+        dedup_key: str | None = None,
         **kwargs: Any,
     ) -> RunHandle[R]:
-        """Start a run; `id` is its idempotency key: the same id returns the same run."""
+        """Start a run; `id` is its idempotency key: the same id returns the same run. A higher
+        `priority` is claimed sooner; `dedup_key` admits one unfinished run per key in the
+        workflow's queue (DuplicateRun otherwise)."""
         wf = self._workflow(workflow)
         check_run_id(id)
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise ConfigurationError(f"priority must be an int, not {priority!r}")
         run_id = id or new_run_id(self.engine)
         await self.open()
-        await create_run(self.engine, wf, args, kwargs, run_id)
+        await create_run(self.engine, wf, args, kwargs, run_id, priority=priority,
+                         dedup_key=dedup_key)  # fmt: skip
         return self._handle(run_id)
 
     async def send(self, run_id: str, key: str, payload: object = None) -> None:

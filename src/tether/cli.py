@@ -427,9 +427,11 @@ def replay_check(
         ctx.exit(1)
 
 
-async def serve(app: App, concurrency: int | None) -> None:
+async def serve(app: App, concurrency: int | None, queues: tuple[str, ...] = ()) -> None:
     if concurrency is not None:
         app.engine.settings = dataclasses.replace(app.engine.settings, concurrency=concurrency)
+    if queues:
+        app.engine.settings = dataclasses.replace(app.engine.settings, queues=queues)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -437,12 +439,13 @@ async def serve(app: App, concurrency: int | None) -> None:
     worker_id = "?"
     try:
         async with app:
-            # App exposes no public worker id yet; read its in-process worker's.
             worker_id = str(app.worker_id)
-            names = ", ".join(sorted(app.engine.workflows)) or "(none)"
+            served = app.engine.worker.served() if app.engine.worker else []
+            names = ", ".join(sorted(served)) or "(none)"
+            where = f", queues {', '.join(queues)}" if queues else ""
             click.echo(
                 f"tether worker {worker_id} started on {app.url} "
-                f"(concurrency {app.engine.settings.concurrency}); workflows: {names}"
+                f"(concurrency {app.engine.settings.concurrency}{where}); workflows: {names}"
             )
             await stop.wait()
     finally:
@@ -459,13 +462,20 @@ async def serve(app: App, concurrency: int | None) -> None:
     type=click.IntRange(min=1),
     help="Runs executed at once (overrides the App's setting).",
 )
-def worker(app_ref: str, concurrency: int | None) -> None:
+@click.option(
+    "--queue",
+    "-q",
+    "queues",
+    multiple=True,
+    help="Serve only the workflows of this queue (repeat for several); default: all.",
+)
+def worker(app_ref: str, concurrency: int | None, queues: tuple[str, ...]) -> None:
     """Run the worker of the App at MODULE:APP until SIGINT or SIGTERM.
 
     The current directory is put on sys.path first, so `tether worker myapp:app` finds
     ./myapp.py. In-flight runs are released on stop, for the next worker to resume.
     """
-    asyncio.run(serve(load_app(app_ref), concurrency))
+    asyncio.run(serve(load_app(app_ref), concurrency, queues))
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ is the default message, and every message says what was wrong and what to do nex
     ├── ConfigurationError          bad App/step/workflow arguments, unknown workflow, bad URL
     ├── NotInWorkflow               a workflow-only helper called outside a running workflow
     ├── IdempotencyConflict         an existing run id started again with other arguments
+    ├── DuplicateRun                an unfinished run of the queue has the same dedup key
     ├── RunNotFound                 no run with that id
     ├── EventRefused                an event for a run that has finished
     ├── SerializationError          a value cannot be encoded or decoded as JSON
@@ -49,6 +50,14 @@ class NotInWorkflow(TetherError):
 
 class IdempotencyConflict(TetherError):
     """A run with this id exists with other arguments; use a new id or the same arguments."""
+
+
+class DuplicateRun(TetherError):
+    """An unfinished run of this queue has the same dedup key; wait for it or use another key."""
+
+    def __init__(self, message: str | None = None, *, run_id: str = "") -> None:
+        self.run_id = run_id  # the unfinished run holding the key
+        super().__init__(message)
 
 
 class RunNotFound(TetherError):
@@ -150,6 +159,7 @@ class PermanentError(Exception):
 
 __all__ = [
     "ConfigurationError",
+    "DuplicateRun",
     "EventRefused",
     "IdempotencyConflict",
     "LeaseLost",

@@ -10,12 +10,13 @@ import json
 
 import pytest
 
-from tether.errors import LeaseLost, RunNotFound
+from tether.errors import DuplicateRun, LeaseLost, RunNotFound
 from tether.store.base import (
     Checkpoint,
     CheckpointStatus,
     Lease,
     NewRun,
+    QueueLimits,
     RunRecord,
     RunStatus,
     Store,
@@ -686,3 +687,75 @@ async def test_suspending_a_run_with_a_pending_cancel_request_leaves_it_due(stor
     await store.suspend_run(lease, NOW + 3600, NOW + 1, wake_on=["go"])
     run = await get(store, "r1")
     assert (run.status, run.wake_at, run.cancel_requested) == (RunStatus.WAITING, NOW + 1, True)
+
+
+# -- queues --------------------------------------------------------------------------------------
+
+
+def queued(run_id: str, queue: str | None = "q", priority: int = 0, dedup: str | None = None,
+           workflow: str = WF) -> NewRun:  # fmt: skip
+    return NewRun(run_id, workflow, "{}", queue=queue, priority=priority, dedup_key=dedup)
+
+
+async def test_a_dedup_key_admits_one_unfinished_run_per_queue(store: Store) -> None:
+    await store.create_run(queued("a", dedup="user-1"), NOW)
+    with pytest.raises(DuplicateRun, match="user-1") as info:
+        await store.create_run(queued("b", dedup="user-1"), NOW)
+    assert info.value.run_id == "a"
+    await store.create_run(queued("c", queue="other", dedup="user-1"), NOW)  # another queue
+    await store.create_run(queued("d", queue=None, dedup="user-1"), NOW)
+    with pytest.raises(DuplicateRun):
+        await store.create_run(queued("e", queue=None, dedup="user-1"), NOW)
+    assert (await store.create_run(queued("a", dedup="user-1"), NOW))[1] is False  # same id
+    [claimed] = await store.claim_runs("w1", [WF], NOW, NOW + LEASE, 1, {"q": QueueLimits()})
+    assert claimed.id == "a"
+    await store.finish_run(lease_of(claimed), RunStatus.SUCCEEDED, "1", None, NOW)
+    _, created = await store.create_run(queued("b", dedup="user-1"), NOW)  # "a" ended
+    assert created
+
+
+async def test_higher_priority_runs_are_claimed_first(store: Store) -> None:
+    await store.create_run(queued("low", queue=None, priority=0), NOW)
+    await store.create_run(queued("high", queue=None, priority=5), NOW + 1)
+    await store.create_run(queued("mid", queue=None, priority=2), NOW + 2)
+    claimed = await store.claim_runs("w1", [WF], NOW + 3, NOW + LEASE, 3)
+    assert [r.id for r in claimed] == ["high", "mid", "low"]
+
+
+async def test_a_queue_concurrency_limit_holds_across_workers(store: Store) -> None:
+    limits = {"q": QueueLimits(concurrency=2)}
+    for i in range(5):
+        await store.create_run(queued(f"r{i}"), NOW + i)
+    await store.create_run(queued("free", queue=None), NOW + 9)
+    first = await store.claim_runs("w1", [WF], NOW + 10, NOW + LEASE, 10, limits)
+    assert sorted(r.id for r in first) == ["free", "r0", "r1"]
+    assert await store.claim_runs("w2", [WF], NOW + 10, NOW + LEASE, 10, limits) == []
+    await store.finish_run(lease_of(first[1]), RunStatus.SUCCEEDED, "1", None, NOW + 11)
+    [more] = await store.claim_runs("w2", [WF], NOW + 12, NOW + LEASE, 10, limits)
+    assert more.id == "r2"
+
+
+async def test_a_per_worker_limit_leaves_the_rest_to_other_workers(store: Store) -> None:
+    limits = {"q": QueueLimits(worker_concurrency=1)}
+    for i in range(3):
+        await store.create_run(queued(f"r{i}"), NOW + i)
+    assert [r.id for r in await store.claim_runs("w1", [WF], NOW, NOW + LEASE, 5, limits)] == ["r0"]
+    assert [r.id for r in await store.claim_runs("w2", [WF], NOW, NOW + LEASE, 5, limits)] == ["r1"]
+    assert await store.claim_runs("w1", [WF], NOW, NOW + LEASE, 5, limits) == []
+
+
+async def test_a_rate_limit_counts_first_claims_in_its_period(store: Store) -> None:
+    limits = {"q": QueueLimits(rate=2, period=60)}
+    for i in range(4):
+        await store.create_run(queued(f"r{i}"), NOW + i)
+    claimed = await store.claim_runs("w1", [WF], NOW + 10, NOW + 11, 5, limits)
+    assert [r.id for r in claimed] == ["r0", "r1"]
+    assert all(r.started_at == NOW + 10 for r in claimed)
+    # r0's lease expires and another worker adopts it: not a new start, no new budget used.
+    [adopted] = await store.claim_runs("w2", [WF], NOW + 20, NOW + 40, 1, {})
+    assert (adopted.id, adopted.started_at) == ("r0", NOW + 10)
+    assert await store.claim_runs("w1", [WF], NOW + 30, NOW + 90, 5, limits) == []
+    await store.finish_run(lease_of(adopted), RunStatus.SUCCEEDED, "1", None, NOW + 31)
+    await store.finish_run(lease_of(claimed[1]), RunStatus.SUCCEEDED, "1", None, NOW + 31)
+    later = await store.claim_runs("w1", [WF], NOW + 71, NOW + 90, 5, limits)
+    assert [r.id for r in later] == ["r2", "r3"]

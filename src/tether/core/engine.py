@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from tether.clock import Clock
 from tether.serde import Serde
-from tether.store.base import RunRecord, Store
+from tether.store.base import QueueLimits, RunRecord, Store
 
 if TYPE_CHECKING:
     from tether.core.worker import Worker
@@ -28,6 +28,7 @@ class Settings:
     poll_interval: float = 1.0  # fallback for work created by other processes
     concurrency: int = 1000  # runs one worker executes at once
     force_replay: bool = False  # replay the run from the store after every new checkpoint
+    queues: tuple[str, ...] | None = None  # the queues this worker serves (None: all)
 
 
 @dataclass(slots=True)
@@ -37,6 +38,7 @@ class Engine:
     clock: Clock
     settings: Settings
     workflows: dict[str, Workflow[..., object]] = field(default_factory=dict)
+    queues: dict[str, QueueLimits] = field(default_factory=dict)  # limits by queue name
     # Futures of local callers waiting for a run to end, so they wake without polling.
     wakeups: dict[str, list[asyncio.Future[RunRecord | None]]] = field(default_factory=dict)
 

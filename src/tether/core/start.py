@@ -41,15 +41,21 @@ async def create_run(
     run_id: str,
     *,
     parent_id: str | None = None,
+    priority: int = 0,
+    dedup_key: str | None = None,
 ) -> RunRecord:
     """Create the run (or find the existing one with this id) and hand a new one to this
-    process's worker, if it runs and has room."""
+    process's worker, if it runs and has room. Runs of a queue are left to the claim, which
+    keeps the queue's limits."""
     text = wf.encode_args(engine.serde, args, kwargs)
     now = engine.clock.now()
     deadline = None if wf.timeout is None else now + wf.timeout.total_seconds()
-    worker = engine.worker if engine.worker is not None and engine.worker.has_capacity() else None
+    worker = engine.worker
+    if worker is None or not worker.has_capacity() or wf.queue is not None:
+        worker = None
     record, created = await engine.store.create_run(
-        NewRun(run_id, wf.name, text, deadline, parent_id=parent_id), now,
+        NewRun(run_id, wf.name, text, deadline, parent_id=parent_id, queue=wf.queue,
+               priority=priority, dedup_key=dedup_key), now,
         owner=worker.id if worker else None,
         lease_until=now + engine.settings.lease_duration if worker else None,
     )  # fmt: skip

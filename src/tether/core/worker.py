@@ -67,6 +67,12 @@ class Worker:
         """Look for work now (a run was created or released somewhere in this process)."""
         self._wake.set()
 
+    def served(self) -> list[str]:
+        """The workflows whose runs this worker claims: all, or those of its queues."""
+        queues = self.engine.settings.queues
+        return [name for name, wf in self.engine.workflows.items()
+                if queues is None or wf.queue in queues]  # fmt: skip
+
     def capacity(self) -> int:
         """How many more runs this worker may execute now. Runs holding a short wait in
         memory do not count: they execute nothing, and they are few (max_held_waits)."""
@@ -89,7 +95,7 @@ class Worker:
             del self.runners[run_id]
         # Look again only when a claim may have been cut short by capacity, or a released run
         # may be due before the claim loop's next look.
-        if runner.suspended or self.capacity() == 1:
+        if runner.suspended or self.capacity() == 1 or runner.record.queue in self.engine.queues:
             self._wake.set()
 
     def cancel(self, run_id: str) -> bool:
@@ -114,13 +120,13 @@ class Worker:
         store, clock, settings = engine.store, engine.clock, engine.settings
         while not self._stopped:
             self._wake.clear()
-            names = list(engine.workflows)
+            names = self.served()
             try:
                 capacity = self.capacity()
                 if capacity > 0 and names:
                     now = clock.now()
                     for record in await store.claim_runs(
-                        self.id, names, now, now + self.lease_duration, capacity
+                        self.id, names, now, now + self.lease_duration, capacity, engine.queues
                     ):
                         self.launch(record)
                 wake_at = await store.next_wake_at(names) if names else None

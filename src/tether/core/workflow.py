@@ -30,7 +30,12 @@ class Workflow(Generic[P, R]):
     """A workflow registered with an App. Start it with `await app.start(workflow, ...)`."""
 
     def __init__(
-        self, fn: Callable[P, Awaitable[R]], *, name: str, timeout: timedelta | None
+        self,
+        fn: Callable[P, Awaitable[R]],
+        *,
+        name: str,
+        timeout: timedelta | None,
+        queue: str | None = None,
     ) -> None:
         if not inspect.iscoroutinefunction(fn):
             raise ConfigurationError(
@@ -40,9 +45,12 @@ class Workflow(Generic[P, R]):
             raise ConfigurationError(
                 f"workflow timeout must be a positive timedelta, not {timeout!r}"
             )
+        if queue is not None and (not isinstance(queue, str) or not queue or len(queue) > 128):
+            raise ConfigurationError(f"a queue name must be a non-empty str, not {queue!r}")
         self.fn = fn
         self.name = name
         self.timeout = timeout
+        self.queue = queue
         self.signature = inspect.signature(fn)
         hints = type_hints(fn)
         self.return_hint: object = hints.pop("return", Any)

@@ -11,7 +11,7 @@ This module must not import tether.core or any backend.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -59,6 +59,10 @@ class RunRecord:
     finished_at: float | None = None
     parent_id: str | None = None  # the run that started this one as a child
     wake_on: tuple[str, ...] = ()  # mailbox keys whose arrival wakes this waiting run
+    queue: str | None = None
+    priority: int = 0
+    dedup_key: str | None = None
+    started_at: float | None = None  # when a worker first claimed it (rate limits count these)
 
 
 def child_key(child_id: str) -> str:
@@ -70,6 +74,18 @@ def child_outcome(status: RunStatus | str, result: str | None, error: str | None
     """The payload of a child's end in its parent's mailbox: how it ended, with the texts of
     its result and error (the mailbox row is the parent's record of the child's end)."""
     return json.dumps({"status": str(status), "result": result, "error": error})
+
+
+def queue_budget(limits: QueueLimits, running: int, mine: int, started: int, room: int) -> int:
+    """How many of a queue's runs a claim may take now, given its load (see claim_runs)."""
+    budget = room
+    if limits.concurrency is not None:
+        budget = min(budget, limits.concurrency - running)
+    if limits.worker_concurrency is not None:
+        budget = min(budget, limits.worker_concurrency - mine)
+    if limits.rate is not None:
+        budget = min(budget, limits.rate - started)
+    return max(budget, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +123,19 @@ class NewRun:
     args: str
     deadline_at: float | None = None
     parent_id: str | None = None
+    queue: str | None = None
+    priority: int = 0  # higher is claimed sooner, within a queue and outside queues alike
+    dedup_key: str | None = None  # unique among the queue's unfinished runs
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    """Limits a queue's runs are claimed under; None is unlimited."""
+
+    concurrency: int | None = None  # running at once, across all workers
+    worker_concurrency: int | None = None  # running at once on one worker
+    rate: int | None = None  # first claims (starts) per `period` seconds
+    period: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +190,8 @@ class Store(Protocol):
         lease_until: float | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert the run unless its id exists. Returns (the stored run, whether it was created).
-        With owner, a new run is created already claimed by that worker (epoch 1)."""
+        With owner, a new run is created already claimed by that worker (epoch 1). Raises
+        DuplicateRun if an unfinished run of the same queue has the same dedup key."""
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         """The run with this id, or None."""
@@ -182,10 +212,14 @@ class Store(Protocol):
         now: float,
         lease_until: float,
         limit: int,
+        queues: Mapping[str, QueueLimits] | None = None,
     ) -> list[RunRecord]:
         """Take up to `limit` runnable runs of these workflows: pending ones due now, waiting
         ones whose wake_at has come, running ones whose lease expired. Each claim sets the
-        owner, increments the epoch and sets status running. Oldest first."""
+        owner, increments the epoch, sets status running (and started_at, the first time).
+        Highest priority first, then oldest. Runs of a queue in `queues` are claimed within
+        its limits: running runs (with a live lease) across workers and on this worker, and
+        first claims in the last `period` seconds; claims of one queue are serialized."""
 
     async def next_wake_at(self, workflows: Sequence[str]) -> float | None:
         """The earliest future time at which a run of these workflows becomes claimable."""

@@ -9,21 +9,23 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from tether.errors import LeaseLost, RunNotFound
+from tether.errors import DuplicateRun, LeaseLost, RunNotFound
 from tether.store.base import (
     Checkpoint,
     EventRef,
     HeartbeatReply,
     Lease,
     NewRun,
+    QueueLimits,
     RunRecord,
     RunStatus,
     WorkerInfo,
     child_key,
     child_outcome,
+    queue_budget,
 )
 
 
@@ -109,12 +111,26 @@ class MemoryStore:
             existing = self._runs.get(run.id)
             if existing is not None:
                 return existing, False
+            if run.dedup_key is not None:
+                for other in self._runs.values():
+                    if (other.queue, other.dedup_key) == (run.queue, run.dedup_key) and (
+                        not other.status.terminal
+                    ):
+                        raise DuplicateRun(
+                            f"run {other.id!r} of queue {run.queue!r} is unfinished with dedup "
+                            f"key {run.dedup_key!r}; wait for it to end or use another key",
+                            run_id=other.id,
+                        )
             record = RunRecord(
                 id=run.id,
                 workflow=run.workflow,
                 args=run.args,
                 deadline_at=run.deadline_at,
                 parent_id=run.parent_id,
+                queue=run.queue,
+                priority=run.priority,
+                dedup_key=run.dedup_key,
+                started_at=None if owner is None else now,
                 status=RunStatus.PENDING if owner is None else RunStatus.RUNNING,
                 owner=owner,
                 epoch=0 if owner is None else 1,
@@ -154,13 +170,26 @@ class MemoryStore:
         now: float,
         lease_until: float,
         limit: int,
+        queues: Mapping[str, QueueLimits] | None = None,
     ) -> list[RunRecord]:
+        limited = dict(queues or {})
         with self._lock:
             names = set(workflows)
             due = [r for r in self._runs.values() if r.workflow in names and _claimable(r, now)]
-            due.sort(key=lambda r: (r.created_at, r.id))
+            budgets = {name: self._budget(name, q, worker_id, now, limit)
+                       for name, q in limited.items()}  # fmt: skip
+            order = [r for r in due if r.queue in limited] + [
+                r for r in due if r.queue not in limited
+            ]
+            order.sort(key=lambda r: (r.queue not in limited, -r.priority, r.created_at, r.id))
             claimed: list[RunRecord] = []
-            for run in due[: max(limit, 0)]:
+            for run in order:
+                if len(claimed) >= max(limit, 0):
+                    break
+                if run.queue in limited:
+                    if budgets[run.queue] <= 0:
+                        continue
+                    budgets[run.queue] -= 1
                 new = replace(
                     run,
                     status=RunStatus.RUNNING,
@@ -169,10 +198,20 @@ class MemoryStore:
                     lease_expires_at=lease_until,
                     wake_at=None,
                     updated_at=now,
+                    started_at=run.started_at if run.started_at is not None else now,
                 )
                 self._runs[run.id] = new
                 claimed.append(new)
-            return claimed
+            return sorted(claimed, key=lambda r: (-r.priority, r.created_at, r.id))
+
+    def _budget(self, name: str, limits: QueueLimits, worker: str, now: float, room: int) -> int:
+        runs = [r for r in self._runs.values() if r.queue == name]
+        live = [r for r in runs if r.status is RunStatus.RUNNING
+                and r.lease_expires_at is not None and r.lease_expires_at >= now]  # fmt: skip
+        mine = sum(1 for r in live if r.owner == worker)
+        since = now - limits.period
+        started = sum(1 for r in runs if r.started_at is not None and r.started_at >= since)
+        return queue_budget(limits, len(live), mine, started, room)
 
     async def next_wake_at(self, workflows: Sequence[str]) -> float | None:
         with self._lock:

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
@@ -22,7 +22,13 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tether import faults
-from tether.errors import ConfigurationError, LeaseLost, RunNotFound, StoreUnavailable
+from tether.errors import (
+    ConfigurationError,
+    DuplicateRun,
+    LeaseLost,
+    RunNotFound,
+    StoreUnavailable,
+)
 from tether.store.base import (
     Checkpoint,
     CheckpointStatus,
@@ -30,11 +36,13 @@ from tether.store.base import (
     HeartbeatReply,
     Lease,
     NewRun,
+    QueueLimits,
     RunRecord,
     RunStatus,
     WorkerInfo,
     child_key,
     child_outcome,
+    queue_budget,
 )
 
 T = TypeVar("T")
@@ -42,7 +50,8 @@ Conn = psycopg.AsyncConnection[Any]
 
 RUN_COLUMNS = (
     "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
-    " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on"
+    " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on,"
+    " queue, priority, dedup_key, started_at"
 )
 CHANNEL = "tether"
 
@@ -75,7 +84,8 @@ def _run(row: Sequence[Any]) -> RunRecord:
         error=row[5], owner=row[6], epoch=row[7], lease_expires_at=row[8], wake_at=row[9],
         deadline_at=row[10], cancel_requested=bool(row[11]), created_at=row[12],
         updated_at=row[13], finished_at=row[14], parent_id=row[15],
-        wake_on=tuple(json.loads(row[16])) if row[16] else (),
+        wake_on=tuple(json.loads(row[16])) if row[16] else (), queue=row[17], priority=row[18],
+        dedup_key=row[19], started_at=row[20],
     )  # fmt: skip
 
 
@@ -297,10 +307,22 @@ class PostgresStore:
             "status": (RunStatus.RUNNING if owner else RunStatus.PENDING).value,
             "epoch": 1 if owner else 0,
             "lease_expires_at": lease_until if owner else None,
+            "queue": run.queue,
+            "priority": run.priority,
+            "dedup_key": run.dedup_key,
         }
 
         async def op(c: Conn) -> tuple[RunRecord, bool]:
-            created = (await c.execute(_Q["insert_run"], args)).rowcount == 1
+            try:
+                async with c.transaction():  # a savepoint: the holder is looked up after
+                    created = (await c.execute(_Q["insert_run"], args)).rowcount == 1
+            except psycopg.errors.UniqueViolation:
+                holder = await (await c.execute(_Q["dedup_holder"], args)).fetchone()
+                raise DuplicateRun(
+                    f"run {holder[0] if holder else '?'!r} of queue {run.queue!r} is unfinished "
+                    f"with dedup key {run.dedup_key!r}; wait for it to end or use another key",
+                    run_id=holder[0] if holder else "",
+                ) from None
             if created and owner is None:
                 await c.execute(f"NOTIFY {CHANNEL}")
             row = await (await c.execute(_Q["get_run"], {"id": run.id})).fetchone()
@@ -331,13 +353,31 @@ class PostgresStore:
         now: float,
         lease_until: float,
         limit: int,
+        queues: Mapping[str, QueueLimits] | None = None,
     ) -> list[RunRecord]:
-        args = {"worker": worker_id, "workflows": list(workflows), "now": now,
-                "lease_until": lease_until, "limit": max(0, limit)}  # fmt: skip
+        limited = dict(queues or {})
+        base = {"worker": worker_id, "workflows": list(workflows), "now": now,
+                "lease_until": lease_until}  # fmt: skip
 
         async def op(c: Conn) -> list[RunRecord]:
-            runs = [_run(r) for r in await (await c.execute(_Q["claim_runs"], args)).fetchall()]
-            return sorted(runs, key=lambda r: (r.created_at, r.id))
+            rows: list[Any] = []
+            room = limit
+            for name in sorted(limited):  # a fixed order: no deadlock between claimers
+                limits = limited[name]
+                # Claims of one queue are serialized, so its limits hold across workers.
+                await c.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"tether:{name}",))
+                load = {**base, "queue": name, "since": now - limits.period}
+                counts = await (await c.execute(_Q["queue_load"], load)).fetchone()
+                assert counts is not None
+                budget = queue_budget(limits, counts[0], counts[1], counts[2], room)
+                if budget:
+                    cur = await c.execute(_Q["claim_queue"], {**load, "limit": budget})
+                    rows += await cur.fetchall()
+                    room = limit - len(rows)
+            if room > 0:
+                args = {**base, "limited": list(limited), "limit": room}
+                rows += await (await c.execute(_Q["claim_runs"], args)).fetchall()
+            return sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
 
         return await self._tx(op, write=True, label="claim_runs")
 
@@ -396,6 +436,7 @@ class PostgresStore:
             row = await (await c.execute(_Q["finish_run"], args)).fetchone()
             if row is None:
                 raise await _lease_lost(c, lease)
+            await c.execute(f"NOTIFY {CHANNEL}")  # a queue's budget may have freed up
             if row[0] is not None:  # tell the parent, in the same transaction
                 outcome = child_outcome(status, result, error)
                 await _deliver_event(c, row[0], child_key(lease.run_id), outcome, now)

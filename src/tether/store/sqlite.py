@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
 from tether import faults
-from tether.errors import LeaseLost, RunNotFound
+from tether.errors import DuplicateRun, LeaseLost, RunNotFound
 from tether.store.base import (
     Checkpoint,
     CheckpointStatus,
@@ -22,17 +22,20 @@ from tether.store.base import (
     HeartbeatReply,
     Lease,
     NewRun,
+    QueueLimits,
     RunRecord,
     RunStatus,
     WorkerInfo,
     child_key,
     child_outcome,
+    queue_budget,
 )
 from tether.store.sqlite_commit import CommitQueue, parse_sqlite_url
 
 RUN_COLUMNS = (
     "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
-    " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on"
+    " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on,"
+    " queue, priority, dedup_key, started_at"
 )
 
 
@@ -65,7 +68,8 @@ def _run(row: Sequence[Any]) -> RunRecord:
         error=row[5], owner=row[6], epoch=row[7], lease_expires_at=row[8], wake_at=row[9],
         deadline_at=row[10], cancel_requested=bool(row[11]), created_at=row[12],
         updated_at=row[13], finished_at=row[14], parent_id=row[15],
-        wake_on=tuple(json.loads(row[16])) if row[16] else (),
+        wake_on=tuple(json.loads(row[16])) if row[16] else (), queue=row[17], priority=row[18],
+        dedup_key=row[19], started_at=row[20],
     )  # fmt: skip
 
 
@@ -185,10 +189,18 @@ class SqliteStore:
             "status": status.value,
             "epoch": epoch,
             "lease_expires_at": lease,
+            "queue": run.queue,
+            "priority": run.priority,
+            "dedup_key": run.dedup_key,
         }
 
         def op(c: sqlite3.Connection) -> tuple[RunRecord, bool]:
-            if c.execute(_Q["insert_run"], args).rowcount == 1:
+            try:
+                inserted = c.execute(_Q["insert_run"], args).rowcount == 1
+            except sqlite3.IntegrityError:
+                holder = c.execute(_Q["dedup_holder"], args).fetchone()
+                raise _duplicate(run, holder[0] if holder else "?") from None
+            if inserted:
                 created = RunRecord(
                     id=run.id,
                     workflow=run.workflow,
@@ -201,6 +213,10 @@ class SqliteStore:
                     created_at=now,
                     updated_at=now,
                     parent_id=run.parent_id,
+                    queue=run.queue,
+                    priority=run.priority,
+                    dedup_key=run.dedup_key,
+                    started_at=now if owner else None,
                 )
                 return created, True
             return _run(c.execute(_Q["get_run"], {"id": run.id}).fetchone()), False
@@ -238,18 +254,27 @@ class SqliteStore:
         now: float,
         lease_until: float,
         limit: int,
+        queues: Mapping[str, QueueLimits] | None = None,
     ) -> list[RunRecord]:
-        args = {
-            "worker": worker_id,
-            "workflows": json.dumps(list(workflows)),
-            "now": now,
-            "lease_until": lease_until,
-            "limit": limit,
-        }
+        limited = dict(queues or {})
+        base = {"worker": worker_id, "workflows": json.dumps(list(workflows)), "now": now,
+                "lease_until": lease_until}  # fmt: skip
 
         def op(c: sqlite3.Connection) -> list[RunRecord]:
-            runs = [_run(r) for r in c.execute(_Q["claim_runs"], args).fetchall()]
-            return sorted(runs, key=lambda r: (r.created_at, r.id))  # RETURNING has no order
+            rows: list[Any] = []
+            room = limit
+            for name, limits in limited.items():  # SQLite's write lock serializes claims
+                load = {**base, "queue": name, "since": now - limits.period}
+                running, mine, started = c.execute(_Q["queue_load"], load).fetchone()
+                budget = queue_budget(limits, running, mine, started, room)
+                if budget:
+                    rows += c.execute(_Q["claim_queue"], {**load, "limit": budget}).fetchall()
+                    room = limit - len(rows)
+            if room > 0:
+                args = {**base, "limited": json.dumps(list(limited)), "limit": room}
+                rows += c.execute(_Q["claim_runs"], args).fetchall()
+            # RETURNING has no order: give them back in claim order.
+            return sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
 
         return await self._db.submit(op, write=True, label="claim_runs")
 
@@ -419,6 +444,14 @@ class SqliteStore:
 
     async def poll_changes(self) -> bool:
         return await self._db.poll_changes()
+
+
+def _duplicate(run: NewRun, holder: str) -> DuplicateRun:
+    return DuplicateRun(
+        f"run {holder!r} of queue {run.queue!r} is unfinished with dedup key {run.dedup_key!r}; "
+        f"wait for it to end or use another key",
+        run_id=holder,
+    )
 
 
 def _deliver_event(c: sqlite3.Connection, run_id: str, key: str, payload: str, now: float) -> None:

@@ -3,9 +3,11 @@
 
 -- name: insert_run
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
-                         deadline_at, parent_id, created_at, updated_at)
+                         deadline_at, parent_id, queue, priority, dedup_key,
+                         created_at, updated_at)
 VALUES (%(id)s, %(workflow)s, %(status)s, %(args)s, %(owner)s, %(epoch)s, %(lease_expires_at)s,
-        %(deadline_at)s, %(parent_id)s, %(now)s, %(now)s)
+        %(deadline_at)s, %(parent_id)s, %(queue)s, %(priority)s, %(dedup_key)s,
+        %(now)s, %(now)s)
 ON CONFLICT (id) DO NOTHING;
 
 -- name: get_run
@@ -19,20 +21,48 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
 -- name: claim_runs
--- SKIP LOCKED: workers claiming at once take different runs instead of queueing on row locks.
+-- Runs outside the queues that have limits. Highest priority first, then oldest.
 UPDATE tether_runs
 SET owner = %(worker)s, epoch = epoch + 1, status = 'running',
-    lease_expires_at = %(lease_until)s, wake_at = NULL, updated_at = %(now)s
+    lease_expires_at = %(lease_until)s, wake_at = NULL, updated_at = %(now)s,
+    started_at = coalesce(started_at, %(now)s)
 WHERE id IN (
     SELECT id FROM tether_runs
-    WHERE workflow = ANY(%(workflows)s)
+    WHERE workflow = ANY(%(workflows)s) AND (queue IS NULL OR NOT (queue = ANY(%(limited)s)))
       AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s))
         OR (status = 'waiting' AND wake_at <= %(now)s)
         OR (status = 'running' AND lease_expires_at < %(now)s))
-    ORDER BY created_at, id
+    ORDER BY priority DESC, created_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED)
 RETURNING {run_columns};
+
+-- name: claim_queue
+-- Runs of one queue with limits, up to the budget its limits leave.
+UPDATE tether_runs
+SET owner = %(worker)s, epoch = epoch + 1, status = 'running',
+    lease_expires_at = %(lease_until)s, wake_at = NULL, updated_at = %(now)s,
+    started_at = coalesce(started_at, %(now)s)
+WHERE id IN (
+    SELECT id FROM tether_runs
+    WHERE workflow = ANY(%(workflows)s) AND queue = %(queue)s
+      AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s))
+        OR (status = 'waiting' AND wake_at <= %(now)s)
+        OR (status = 'running' AND lease_expires_at < %(now)s))
+    ORDER BY priority DESC, created_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+RETURNING {run_columns};
+
+-- name: queue_load
+-- What a queue's limits count: runs running with a live lease (all, and this worker's), and
+-- first claims since `since`.
+SELECT
+    count(*) FILTER (WHERE status = 'running' AND lease_expires_at >= %(now)s),
+    count(*) FILTER (WHERE status = 'running' AND lease_expires_at >= %(now)s
+                           AND owner = %(worker)s),
+    count(*) FILTER (WHERE started_at >= %(since)s)
+FROM tether_runs WHERE queue = %(queue)s;
 
 -- name: next_wake_at
 SELECT min(t) FROM (
@@ -150,3 +180,8 @@ SELECT id, run_id, key FROM tether_events WHERE id > %(after)s ORDER BY id LIMIT
 
 -- name: last_event_id
 SELECT coalesce(max(id), 0) FROM tether_events;
+
+-- name: dedup_holder
+SELECT id FROM tether_runs
+WHERE coalesce(queue, '') = coalesce(%(queue)s, '') AND dedup_key = %(dedup_key)s
+  AND status IN ('pending', 'running', 'waiting');

@@ -3,9 +3,11 @@
 
 -- name: insert_run
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
-                         deadline_at, parent_id, created_at, updated_at)
+                         deadline_at, parent_id, queue, priority, dedup_key,
+                         created_at, updated_at)
 VALUES (:id, :workflow, :status, :args, :owner, :epoch, :lease_expires_at,
-        :deadline_at, :parent_id, :now, :now)
+        :deadline_at, :parent_id, :queue, :priority, :dedup_key,
+        :now, :now)
 ON CONFLICT (id) DO NOTHING;
 
 -- name: get_run
@@ -19,18 +21,48 @@ ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
 -- name: claim_runs
+-- Runs outside the queues that have limits. Highest priority first, then oldest.
 UPDATE tether_runs
-SET owner = :worker, epoch = epoch + 1, status = 'running', lease_expires_at = :lease_until,
-    wake_at = NULL, updated_at = :now
+SET owner = :worker, epoch = epoch + 1, status = 'running',
+    lease_expires_at = :lease_until, wake_at = NULL, updated_at = :now,
+    started_at = coalesce(started_at, :now)
 WHERE id IN (
     SELECT id FROM tether_runs
-    WHERE workflow IN (SELECT value FROM json_each(:workflows))
+    WHERE workflow IN (SELECT value FROM json_each(:workflows)) AND (queue IS NULL OR queue NOT IN (SELECT value FROM json_each(:limited)))
       AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= :now))
         OR (status = 'waiting' AND wake_at <= :now)
         OR (status = 'running' AND lease_expires_at < :now))
-    ORDER BY created_at, id
-    LIMIT :limit)
+    ORDER BY priority DESC, created_at, id
+    LIMIT :limit
+)
 RETURNING {run_columns};
+
+-- name: claim_queue
+-- Runs of one queue with limits, up to the budget its limits leave.
+UPDATE tether_runs
+SET owner = :worker, epoch = epoch + 1, status = 'running',
+    lease_expires_at = :lease_until, wake_at = NULL, updated_at = :now,
+    started_at = coalesce(started_at, :now)
+WHERE id IN (
+    SELECT id FROM tether_runs
+    WHERE workflow IN (SELECT value FROM json_each(:workflows)) AND queue = :queue
+      AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= :now))
+        OR (status = 'waiting' AND wake_at <= :now)
+        OR (status = 'running' AND lease_expires_at < :now))
+    ORDER BY priority DESC, created_at, id
+    LIMIT :limit
+)
+RETURNING {run_columns};
+
+-- name: queue_load
+-- What a queue's limits count: runs running with a live lease (all, and this worker's), and
+-- first claims since `since`.
+SELECT
+    count(*) FILTER (WHERE status = 'running' AND lease_expires_at >= :now),
+    count(*) FILTER (WHERE status = 'running' AND lease_expires_at >= :now
+                           AND owner = :worker),
+    count(*) FILTER (WHERE started_at >= :since)
+FROM tether_runs WHERE queue = :queue;
 
 -- name: next_wake_at
 SELECT min(t) FROM (
@@ -142,3 +174,8 @@ SELECT coalesce(max(id), 0) FROM tether_events;
 -- name: lease_held
 SELECT 1 FROM tether_runs
 WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
+
+-- name: dedup_holder
+SELECT id FROM tether_runs
+WHERE coalesce(queue, '') = coalesce(:queue, '') AND dedup_key = :dedup_key
+  AND status IN ('pending', 'running', 'waiting');
