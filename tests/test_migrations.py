@@ -78,3 +78,36 @@ async def test_postgres_migrations_are_idempotent_and_safe_to_race(postgres_url:
     await again.close()
     assert kept is not None
     assert kept.status is RunStatus.PENDING
+
+
+async def test_a_postgres_database_made_by_the_first_migration_upgrades_and_keeps_its_runs(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tether.store import postgres as postgres_backend
+
+    url = with_schema(postgres_url, "t_migrations_upgrade")
+    monkeypatch.setattr(
+        postgres_backend, "_MIGRATIONS", [m for m in postgres_backend._MIGRATIONS if m[0] == 1]
+    )
+    old = PostgresStore(url)
+    await old.open()
+    await old.close()
+    monkeypatch.undo()
+    import psycopg
+
+    conninfo, _ = postgres_backend.parse_postgres_url(url)
+    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        await conn.execute("SET search_path TO t_migrations_upgrade")
+        await conn.execute(
+            "INSERT INTO tether_runs (id, workflow, status, args, created_at, updated_at) "
+            "VALUES ('kept', 'wf', 'pending', '{}', 1.0, 1.0)"
+        )
+        await conn.commit()
+    new = PostgresStore(url)
+    await new.open()
+    kept = await new.get_run("kept")
+    claimed = await new.claim_runs("w", ["wf"], 2.0, 30.0, 5)
+    await new.close()
+    assert kept is not None
+    assert (kept.queue, kept.priority) == (None, 0)  # the new columns, with their defaults
+    assert [r.id for r in claimed] == ["kept"]
