@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from tether.errors import DuplicateRun
+
 
 class RunStatus(StrEnum):
     PENDING = "pending"  # created, not yet claimed (or released after a crash)
@@ -74,6 +76,15 @@ def child_outcome(status: RunStatus | str, result: str | None, error: str | None
     """The payload of a child's end in its parent's mailbox: how it ended, with the texts of
     its result and error (the mailbox row is the parent's record of the child's end)."""
     return json.dumps({"status": str(status), "result": result, "error": error})
+
+
+def duplicate_run(queue: str | None, dedup_key: str | None, holder: str) -> DuplicateRun:
+    """The error for a start whose dedup key an unfinished run of its queue holds."""
+    return DuplicateRun(
+        f"run {holder!r} of queue {queue!r} is unfinished with dedup key {dedup_key!r}; wait "
+        f"for it to end or use another key",
+        run_id=holder,
+    )
 
 
 def queue_budget(limits: QueueLimits, running: int, mine: int, started: int, room: int) -> int:

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from tether.errors import DuplicateRun, LeaseLost, RunNotFound
+from tether.errors import LeaseLost, RunNotFound
 from tether.store.base import (
     Checkpoint,
     EventRef,
@@ -25,6 +25,7 @@ from tether.store.base import (
     WorkerInfo,
     child_key,
     child_outcome,
+    duplicate_run,
     queue_budget,
 )
 
@@ -116,11 +117,7 @@ class MemoryStore:
                     if (other.queue, other.dedup_key) == (run.queue, run.dedup_key) and (
                         not other.status.terminal
                     ):
-                        raise DuplicateRun(
-                            f"run {other.id!r} of queue {run.queue!r} is unfinished with dedup "
-                            f"key {run.dedup_key!r}; wait for it to end or use another key",
-                            run_id=other.id,
-                        )
+                        raise duplicate_run(run.queue, run.dedup_key, other.id)
             record = RunRecord(
                 id=run.id,
                 workflow=run.workflow,

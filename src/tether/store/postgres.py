@@ -14,7 +14,6 @@ import contextlib
 import json
 import re
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from importlib import resources
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
@@ -24,14 +23,12 @@ from psycopg_pool import AsyncConnectionPool
 from tether import faults
 from tether.errors import (
     ConfigurationError,
-    DuplicateRun,
     LeaseLost,
     RunNotFound,
     StoreUnavailable,
 )
 from tether.store.base import (
     Checkpoint,
-    CheckpointStatus,
     EventRef,
     HeartbeatReply,
     Lease,
@@ -42,58 +39,16 @@ from tether.store.base import (
     WorkerInfo,
     child_key,
     child_outcome,
+    duplicate_run,
     queue_budget,
 )
+from tether.store.rows import checkpoint_from_row, load_sql, run_from_row
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[Any]
 
-RUN_COLUMNS = (
-    "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
-    " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on,"
-    " queue, priority, dedup_key, started_at"
-)
-CHANNEL = "tether"
-
-
-def _load_sql() -> tuple[dict[str, str], list[tuple[int, str]]]:
-    folder = resources.files("tether.store") / "sql" / "postgres"
-    queries: dict[str, str] = {}
-    name = None
-    for line in (folder / "queries.sql").read_text().splitlines():
-        if line.startswith("-- name:"):
-            name = line.split(":", 1)[1].strip()
-            queries[name] = ""
-        elif name is not None and not line.startswith("--"):
-            queries[name] += line + "\n"
-    queries = {k: v.strip().format(run_columns=RUN_COLUMNS) for k, v in queries.items()}
-    migrations = sorted(
-        (int(f.name.split("_", 1)[0]), f.read_text())
-        for f in folder.iterdir()
-        if f.name[:4].isdigit() and f.name.endswith(".sql")
-    )
-    return queries, migrations
-
-
-_Q, _MIGRATIONS = _load_sql()
-
-
-def _run(row: Sequence[Any]) -> RunRecord:
-    return RunRecord(
-        id=row[0], workflow=row[1], status=RunStatus(row[2]), args=row[3], result=row[4],
-        error=row[5], owner=row[6], epoch=row[7], lease_expires_at=row[8], wake_at=row[9],
-        deadline_at=row[10], cancel_requested=bool(row[11]), created_at=row[12],
-        updated_at=row[13], finished_at=row[14], parent_id=row[15],
-        wake_on=tuple(json.loads(row[16])) if row[16] else (), queue=row[17], priority=row[18],
-        dedup_key=row[19], started_at=row[20],
-    )  # fmt: skip
-
-
-def _checkpoint(row: Sequence[Any]) -> Checkpoint:
-    return Checkpoint(
-        seq=row[0], name=row[1], kind=row[2], status=CheckpointStatus(row[3]), result=row[4],
-        error=row[5], attempts=row[6], started_at=row[7], finished_at=row[8], retry_at=row[9],
-    )  # fmt: skip
+CHANNEL = "tether"  # NOTIFY channel: something became due
+_Q, _MIGRATIONS = load_sql("postgres")
 
 
 def parse_postgres_url(url: str) -> tuple[str, str | None]:
@@ -318,22 +273,20 @@ class PostgresStore:
                     created = (await c.execute(_Q["insert_run"], args)).rowcount == 1
             except psycopg.errors.UniqueViolation:
                 holder = await (await c.execute(_Q["dedup_holder"], args)).fetchone()
-                raise DuplicateRun(
-                    f"run {holder[0] if holder else '?'!r} of queue {run.queue!r} is unfinished "
-                    f"with dedup key {run.dedup_key!r}; wait for it to end or use another key",
-                    run_id=holder[0] if holder else "",
+                raise duplicate_run(
+                    run.queue, run.dedup_key, holder[0] if holder else "?"
                 ) from None
             if created and owner is None:
                 await c.execute(f"NOTIFY {CHANNEL}")
             row = await (await c.execute(_Q["get_run"], {"id": run.id})).fetchone()
             assert row is not None
-            return _run(row), created
+            return run_from_row(row), created
 
         return await self._tx(op, write=True, label=f"create_run:{run.id}")
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         rows = await self._rows(_Q["get_run"], {"id": run_id})
-        return _run(rows[0]) if rows else None
+        return run_from_row(rows[0]) if rows else None
 
     async def list_runs(
         self,
@@ -344,7 +297,7 @@ class PostgresStore:
     ) -> list[RunRecord]:
         args = {"any_status": not statuses, "statuses": [str(s) for s in statuses],
                 "workflow": workflow, "limit": max(0, limit)}  # fmt: skip
-        return [_run(r) for r in await self._rows(_Q["list_runs"], args)]
+        return [run_from_row(r) for r in await self._rows(_Q["list_runs"], args)]
 
     async def claim_runs(
         self,
@@ -377,7 +330,9 @@ class PostgresStore:
             if room > 0:
                 args = {**base, "limited": list(limited), "limit": room}
                 rows += await (await c.execute(_Q["claim_runs"], args)).fetchall()
-            return sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
+            return sorted(
+                (run_from_row(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id)
+            )
 
         return await self._tx(op, write=True, label="claim_runs")
 
@@ -386,7 +341,9 @@ class PostgresStore:
         return None if rows[0][0] is None else float(rows[0][0])
 
     async def load_history(self, run_id: str) -> list[Checkpoint]:
-        return [_checkpoint(r) for r in await self._rows(_Q["load_history"], {"run_id": run_id})]
+        return [
+            checkpoint_from_row(r) for r in await self._rows(_Q["load_history"], {"run_id": run_id})
+        ]
 
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
         args = _checkpoint_args(lease, checkpoint, checkpoint.result)
@@ -461,7 +418,7 @@ class PostgresStore:
                 todo += [r[0] for r in await cur.fetchall()]
             row = await (await c.execute(_Q["get_run"], {"id": run_id})).fetchone()
             assert row is not None
-            return _run(row)
+            return run_from_row(row)
 
         return await self._tx(op, write=True, label=f"cancel_run:{run_id}")
 
@@ -470,7 +427,7 @@ class PostgresStore:
             row = await (await c.execute(_Q["get_run"], {"id": run_id})).fetchone()
             if row is None:
                 raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
-            record = _run(row)
+            record = run_from_row(row)
             if not record.status.terminal:
                 await _deliver_event(c, run_id, key, payload, now)
             return record

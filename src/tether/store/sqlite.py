@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable, Mapping, Sequence
-from importlib import resources
 from typing import Any
 
 from tether import faults
-from tether.errors import DuplicateRun, LeaseLost, RunNotFound
+from tether.errors import LeaseLost, RunNotFound
 from tether.store.base import (
     Checkpoint,
-    CheckpointStatus,
     EventRef,
     HeartbeatReply,
     Lease,
@@ -28,64 +26,14 @@ from tether.store.base import (
     WorkerInfo,
     child_key,
     child_outcome,
+    duplicate_run,
     queue_budget,
 )
+from tether.store.rows import checkpoint_from_row, load_sql, run_from_row
 from tether.store.sqlite_commit import CommitQueue, parse_sqlite_url
 
-RUN_COLUMNS = (
-    "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
-    " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on,"
-    " queue, priority, dedup_key, started_at"
-)
-
-
-def _load_sql() -> tuple[dict[str, str], list[tuple[int, str]]]:
-    folder = resources.files("tether.store") / "sql" / "sqlite"
-    queries: dict[str, str] = {}
-    name = None
-    for line in (folder / "queries.sql").read_text().splitlines():
-        if line.startswith("-- name:"):
-            name = line.split(":", 1)[1].strip()
-            queries[name] = ""
-        elif name is not None and not line.startswith("--"):
-            queries[name] += line + "\n"
-    queries = {k: v.strip().format(run_columns=RUN_COLUMNS) for k, v in queries.items()}
-    migrations = sorted(
-        (int(f.name.split("_", 1)[0]), f.read_text())
-        for f in folder.iterdir()
-        if f.name[:4].isdigit() and f.name.endswith(".sql")
-    )
-    return queries, migrations
-
-
-_Q, _MIGRATIONS = _load_sql()
+_Q, _MIGRATIONS = load_sql("sqlite")
 _UPSERT_CHECKPOINT = _Q["upsert_checkpoint"]
-
-
-def _run(row: Sequence[Any]) -> RunRecord:
-    return RunRecord(
-        id=row[0], workflow=row[1], status=RunStatus(row[2]), args=row[3], result=row[4],
-        error=row[5], owner=row[6], epoch=row[7], lease_expires_at=row[8], wake_at=row[9],
-        deadline_at=row[10], cancel_requested=bool(row[11]), created_at=row[12],
-        updated_at=row[13], finished_at=row[14], parent_id=row[15],
-        wake_on=tuple(json.loads(row[16])) if row[16] else (), queue=row[17], priority=row[18],
-        dedup_key=row[19], started_at=row[20],
-    )  # fmt: skip
-
-
-def _checkpoint(row: Sequence[Any]) -> Checkpoint:
-    return Checkpoint(
-        seq=row[0],
-        name=row[1],
-        kind=row[2],
-        status=CheckpointStatus(row[3]),
-        result=row[4],
-        error=row[5],
-        attempts=row[6],
-        started_at=row[7],
-        finished_at=row[8],
-        retry_at=row[9],
-    )
 
 
 def _lease_lost(conn: sqlite3.Connection, lease: Lease) -> LeaseLost:
@@ -199,7 +147,9 @@ class SqliteStore:
                 inserted = c.execute(_Q["insert_run"], args).rowcount == 1
             except sqlite3.IntegrityError:
                 holder = c.execute(_Q["dedup_holder"], args).fetchone()
-                raise _duplicate(run, holder[0] if holder else "?") from None
+                raise duplicate_run(
+                    run.queue, run.dedup_key, holder[0] if holder else "?"
+                ) from None
             if inserted:
                 created = RunRecord(
                     id=run.id,
@@ -219,14 +169,14 @@ class SqliteStore:
                     started_at=now if owner else None,
                 )
                 return created, True
-            return _run(c.execute(_Q["get_run"], {"id": run.id}).fetchone()), False
+            return run_from_row(c.execute(_Q["get_run"], {"id": run.id}).fetchone()), False
 
         return await self._db.submit(op, write=True, label=f"create_run:{run.id}")
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         def op(c: sqlite3.Connection) -> RunRecord | None:
             row = c.execute(_Q["get_run"], {"id": run_id}).fetchone()
-            return None if row is None else _run(row)
+            return None if row is None else run_from_row(row)
 
         return await self._db.submit(op, write=False)
 
@@ -244,7 +194,7 @@ class SqliteStore:
             "limit": max(0, limit),
         }
         return await self._db.submit(
-            lambda c: [_run(r) for r in c.execute(_Q["list_runs"], args)], write=False
+            lambda c: [run_from_row(r) for r in c.execute(_Q["list_runs"], args)], write=False
         )
 
     async def claim_runs(
@@ -274,7 +224,9 @@ class SqliteStore:
                 args = {**base, "limited": json.dumps(list(limited)), "limit": room}
                 rows += c.execute(_Q["claim_runs"], args).fetchall()
             # RETURNING has no order: give them back in claim order.
-            return sorted((_run(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
+            return sorted(
+                (run_from_row(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id)
+            )
 
         return await self._db.submit(op, write=True, label="claim_runs")
 
@@ -289,7 +241,9 @@ class SqliteStore:
 
     async def load_history(self, run_id: str) -> list[Checkpoint]:
         return await self._db.submit(
-            lambda c: [_checkpoint(r) for r in c.execute(_Q["load_history"], {"run_id": run_id})],
+            lambda c: [
+                checkpoint_from_row(r) for r in c.execute(_Q["load_history"], {"run_id": run_id})
+            ],
             write=False,
         )
 
@@ -386,7 +340,7 @@ class SqliteStore:
                         outcome = child_outcome(RunStatus.CANCELLED, None, error)
                         _deliver_event(c, parent, child_key(current), outcome, now)
                 todo += [r[0] for r in c.execute(_Q["children"], {"id": current})]
-            return _run(c.execute(_Q["get_run"], {"id": run_id}).fetchone())
+            return run_from_row(c.execute(_Q["get_run"], {"id": run_id}).fetchone())
 
         return await self._db.submit(op, write=True, label=f"cancel_run:{run_id}", multi=True)
 
@@ -395,7 +349,7 @@ class SqliteStore:
             row = c.execute(_Q["get_run"], {"id": run_id}).fetchone()
             if row is None:
                 raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
-            record = _run(row)
+            record = run_from_row(row)
             if not record.status.terminal:
                 _deliver_event(c, run_id, key, payload, now)
             return record
@@ -444,14 +398,6 @@ class SqliteStore:
 
     async def poll_changes(self) -> bool:
         return await self._db.poll_changes()
-
-
-def _duplicate(run: NewRun, holder: str) -> DuplicateRun:
-    return DuplicateRun(
-        f"run {holder!r} of queue {run.queue!r} is unfinished with dedup key {run.dedup_key!r}; "
-        f"wait for it to end or use another key",
-        run_id=holder,
-    )
 
 
 def _deliver_event(c: sqlite3.Connection, run_id: str, key: str, payload: str, now: float) -> None:

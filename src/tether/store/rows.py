@@ -1,0 +1,58 @@
+"""What the SQL backends share: loading their named queries and migrations from sql/<dialect>/,
+and turning rows into the port's records.
+
+It knows the column order of the run and checkpoint queries, nothing of any database driver.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from importlib import resources
+from typing import Any
+
+from tether.store.base import Checkpoint, CheckpointStatus, RunRecord, RunStatus
+
+RUN_COLUMNS = (
+    "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
+    " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on,"
+    " queue, priority, dedup_key, started_at"
+)
+
+
+def load_sql(dialect: str) -> tuple[dict[str, str], list[tuple[int, str]]]:
+    """(named queries, [(version, migration script)] in order) of sql/<dialect>/."""
+    folder = resources.files("tether.store") / "sql" / dialect
+    queries: dict[str, str] = {}
+    name = None
+    for line in (folder / "queries.sql").read_text().splitlines():
+        if line.startswith("-- name:"):
+            name = line.split(":", 1)[1].strip()
+            queries[name] = ""
+        elif name is not None and not line.startswith("--"):
+            queries[name] += line + "\n"
+    queries = {k: v.strip().format(run_columns=RUN_COLUMNS) for k, v in queries.items()}
+    migrations = sorted(
+        (int(f.name.split("_", 1)[0]), f.read_text())
+        for f in folder.iterdir()
+        if f.name[:4].isdigit() and f.name.endswith(".sql")
+    )
+    return queries, migrations
+
+
+def run_from_row(row: Sequence[Any]) -> RunRecord:
+    return RunRecord(
+        id=row[0], workflow=row[1], status=RunStatus(row[2]), args=row[3], result=row[4],
+        error=row[5], owner=row[6], epoch=row[7], lease_expires_at=row[8], wake_at=row[9],
+        deadline_at=row[10], cancel_requested=bool(row[11]), created_at=row[12],
+        updated_at=row[13], finished_at=row[14], parent_id=row[15],
+        wake_on=tuple(json.loads(row[16])) if row[16] else (), queue=row[17], priority=row[18],
+        dedup_key=row[19], started_at=row[20],
+    )  # fmt: skip
+
+
+def checkpoint_from_row(row: Sequence[Any]) -> Checkpoint:
+    return Checkpoint(
+        seq=row[0], name=row[1], kind=row[2], status=CheckpointStatus(row[3]), result=row[4],
+        error=row[5], attempts=row[6], started_at=row[7], finished_at=row[8], retry_at=row[9],
+    )  # fmt: skip
