@@ -1,28 +1,75 @@
-"""The crash tests' tally, printed once at the end of the session from what the tests did."""
+"""The crash tests' database per test, on each backend, and their tally, printed once at the end
+of the session from what the tests did, per backend."""
 
 from __future__ import annotations
 
+import contextlib
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.postgres_server import with_schema
 
-TALLY = {"crash_points": 0, "lost_runs": 0, "duplicate_completions": 0, "slowest_recovery_ms": 0}
+from .backends import drop_schema
+from .children import warm_bytecode_cache
+from .matrix import BACKENDS
+
+COUNTERS = ("crash_points", "lost_runs", "duplicate_completions", "slowest_recovery_ms")
+TALLY = {backend: dict.fromkeys(COUNTERS, 0) for backend in BACKENDS}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def bytecode_cache() -> None:
+    """The children's bytecode, compiled before the first test (children.py)."""
+    warm_bytecode_cache()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend of the test's database. Tests that run only a subset of their cases on
+    PostgreSQL parametrize `backend` themselves (matrix.on_backends), which overrides this."""
+    return request.param  # type: ignore[no-any-return]
 
 
 @pytest.fixture
-def crash_tally() -> dict[str, int]:
-    """Counters the crash tests add to: processes killed, runs not finished by the next process,
-    step bodies that ran again after their completion was recorded (and extra charge effects),
-    and the longest a recovering process took to finish the run."""
-    return TALLY
+def db_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh database for the test: a SQLite file in tmp_path, or a schema of its own in the
+    session's PostgreSQL (tests/conftest.py: skipped loudly without one, failed in CI)."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'tether.db'}"
+        return
+    url = with_schema(request.getfixturevalue("postgres_url"), f"t_{uuid.uuid4().hex[:12]}")
+    yield url
+    with contextlib.suppress(Exception):  # tidiness only: the server is thrown away anyway
+        drop_schema(url)
+
+
+@pytest.fixture
+def crash_tally(backend: str) -> dict[str, int]:
+    """Counters the crash tests add to, for the test's backend: processes killed, runs not
+    finished by the next process, step bodies that ran again after their completion was
+    recorded (and extra charge effects), and the longest a recovering process took to finish
+    the run."""
+    return TALLY[backend]
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    if TALLY["crash_points"]:
-        terminalreporter.write_line(
-            f"crash points tried: {TALLY['crash_points']}, lost runs: {TALLY['lost_runs']}, "
-            f"duplicate step completions: {TALLY['duplicate_completions']}"
-        )
-        terminalreporter.write_line(
-            f"slowest recovery (process start to exit): {TALLY['slowest_recovery_ms']} ms"
-        )
+    def total(counter: str) -> int:
+        return sum(TALLY[b][counter] for b in BACKENDS)
+
+    def each(counter: str) -> str:  # every backend, so a skipped one shows as 0
+        return ", ".join(f"{b} {TALLY[b][counter]}" for b in BACKENDS)
+
+    if not total("crash_points"):
+        return
+
+    terminalreporter.write_line(
+        f"crash points tried: {total('crash_points')} ({each('crash_points')}), "
+        f"lost runs: {total('lost_runs')}, "
+        f"duplicate step completions: {total('duplicate_completions')}"
+    )
+    terminalreporter.write_line(
+        f"slowest recovery (process start to exit): {each('slowest_recovery_ms')} ms"
+    )

@@ -22,6 +22,8 @@ from typing import Any
 import tether
 from tether.core.context import current_step
 
+from .backends import database_url
+
 WORKFLOW = "pipeline"
 # The checkpoints of one run, in the order the workflow asks for them.
 CHECKPOINTS = ["fetch", "transform", "uuid4", "charge", "transform#2", "notify"]
@@ -48,14 +50,14 @@ def read_lines(path: Path) -> list[str]:
         return []
 
 
-def make_app(db_path: str | Path, side_dir: str | Path | None = None) -> tether.App:
-    """An App on the SQLite file `db_path` with the `pipeline` workflow registered; side files
-    go to `side_dir` (default: $CRASH_SIDE_DIR)."""
+def make_app(db: str | Path, side_dir: str | Path | None = None) -> tether.App:
+    """An App on the database `db` (a URL, or the path of a SQLite file) with the `pipeline`
+    workflow registered; side files go to `side_dir` (default: $CRASH_SIDE_DIR)."""
     side = Path(side_dir if side_dir is not None else os.environ["CRASH_SIDE_DIR"])
     bodies, effects = side / "bodies", side / "effects"
     hang_in = os.environ.get("CRASH_HANG_IN")
     hang_after_effect = os.environ.get("CRASH_HANG_AFTER_EFFECT") == "1"
-    app = tether.App(f"sqlite:///{Path(db_path).resolve()}")
+    app = tether.App(database_url(db))
 
     async def hang(name: str) -> None:
         _append(side / f"started-{name}", str(os.getpid()))

@@ -1,5 +1,7 @@
 """One worker process of the crash tests: `python -m tests.crash.proc DB SIDE_DIR RUN_ID [...]`.
 
+DB is a database URL (sqlite:///..., postgresql://...?schema=...) or the path of a SQLite file.
+
 Opens the app (its in-process worker first recovers the runs of dead workers on this host),
 starts run RUN_ID of `pipeline` (an existing run with that id is the same run, not a new one),
 waits for its result and writes it as JSON to SIDE_DIR/result-<pid>.json. With more run ids, it

@@ -1,5 +1,6 @@
-"""Several worker processes on one SQLite file at once: every run finishes, every step body runs
-exactly once, and write contention between the processes loses nothing."""
+"""Several worker processes on one database at once (a SQLite file, or a PostgreSQL schema): every
+run finishes, every step body runs exactly once, and write contention between the processes
+loses nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tests.crash.children import child_env
 from tests.crash.flows import STEPS, make_app, read_lines
 
 import tether
@@ -28,9 +30,9 @@ app = make_app(os.environ["CRASH_DB"], os.environ["CRASH_SIDE_DIR"])
 
 @pytest.mark.crash
 def test_two_worker_processes_share_one_file_without_losing_or_repeating_work(
-    tmp_path: Path,
+    db_url: str, tmp_path: Path
 ) -> None:
-    db = tmp_path / "shared.db"
+    db = db_url
     (tmp_path / "shared_mod.py").write_text(MODULE)
 
     async def create() -> None:
@@ -40,13 +42,11 @@ def test_two_worker_processes_share_one_file_without_losing_or_repeating_work(
         await app.close()
 
     asyncio.run(create())
-    env = dict(
-        os.environ,
-        CRASH_DB=str(db),
+    env = child_env(
+        CRASH_DB=db,
         CRASH_SIDE_DIR=str(tmp_path),
         PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
     )
-    env.pop("TETHER_FAULTS", None)
     workers = [
         subprocess.Popen(
             [sys.executable, "-m", "tether", "worker", "shared_mod:app", "--concurrency", "4"],
@@ -81,8 +81,8 @@ def test_two_worker_processes_share_one_file_without_losing_or_repeating_work(
     assert len(read_lines(tmp_path / "effects")) == RUNS
 
 
-async def statuses(db: Path) -> dict[str, tether.RunStatus]:
-    app = tether.App(f"sqlite:///{db}")
+async def statuses(db: str) -> dict[str, tether.RunStatus]:
+    app = tether.App(db)
     try:
         return {r.id: r.status for r in await app.list_runs(limit=1000)}
     finally:

@@ -23,6 +23,8 @@ from typing import Any
 import tether
 from tether.core.context import current_step
 
+from .backends import database_url
+
 SLEEP_SECONDS = 3.0  # napper's durable sleep
 TICK_SECONDS = 0.5  # each of ticker's two sleeps
 CHILD_WORKFLOW = "child_flow"
@@ -53,13 +55,13 @@ def child_id(parent_id: str) -> str:
 
 
 def make_app(
-    db_path: str | Path, side_dir: str | Path | None = None, inline_wait_max: float | None = None
+    db: str | Path, side_dir: str | Path | None = None, inline_wait_max: float | None = None
 ) -> tether.App:
-    """An App on the SQLite file `db_path` with the wait workflows registered; side files go to
-    `side_dir` (default: $CRASH_SIDE_DIR), waits held inline up to `inline_wait_max` (default:
-    $CRASH_INLINE_WAIT, else the library's)."""
+    """An App on the database `db` (a URL, or the path of a SQLite file) with the wait
+    workflows registered; side files go to `side_dir` (default: $CRASH_SIDE_DIR), waits held
+    inline up to `inline_wait_max` (default: $CRASH_INLINE_WAIT, else the library's)."""
     side = Path(side_dir if side_dir is not None else os.environ["CRASH_SIDE_DIR"])
-    app = tether.App(f"sqlite:///{Path(db_path).resolve()}")
+    app = tether.App(database_url(db))
     if inline_wait_max is None and os.environ.get("CRASH_INLINE_WAIT"):
         inline_wait_max = float(os.environ["CRASH_INLINE_WAIT"])
     if inline_wait_max is not None:

@@ -7,6 +7,7 @@
 `python -m tests.crash.wait_proc send DB RUN_ID KEY PAYLOAD_JSON`
     Sends one event to the run (`App.send`), with no worker in this process.
 
+DB is a database URL (sqlite:///..., postgresql://...?schema=...) or the path of a SQLite file.
 Faults come from $TETHER_FAULTS, the inline wait window from $CRASH_INLINE_WAIT.
 """
 
@@ -18,6 +19,7 @@ import os
 import sys
 from pathlib import Path
 
+from tests.crash.backends import database_url
 from tests.crash.wait_flows import make_app
 
 import tether
@@ -33,7 +35,7 @@ async def run(db: str, side_dir: str, workflow: str, run_id: str, arg: str) -> N
 
 
 async def send(db: str, run_id: str, key: str, payload: str) -> None:
-    app = tether.App(f"sqlite:///{Path(db).resolve()}")
+    app = tether.App(database_url(db))
     try:
         await app.send(run_id, key, json.loads(payload))
     finally:

@@ -72,7 +72,11 @@ class SqliteStore:
             "started_at": worker.started_at,
             "now": now,
         }
-        await self._db.submit(lambda c: c.execute(_Q["upsert_worker"], args), write=True)
+        await self._db.submit(
+            lambda c: c.execute(_Q["upsert_worker"], args),
+            write=True,
+            label=f"register_worker:{worker.id}",
+        )
 
     async def list_workers(self, host: str | None = None) -> list[WorkerInfo]:
         def op(c: sqlite3.Connection) -> list[WorkerInfo]:
