@@ -31,8 +31,9 @@ from tether.store.base import Checkpoint, CheckpointStatus, RunRecord, RunStatus
 
 from .backends import ro_query
 from .children import child_env
+from .flows import read_lines
 from .matrix import on_backends
-from .wait_flows import SLEEP_SECONDS, TICK_SECONDS, child_id, read_lines, safe
+from .wait_flows import SLEEP_SECONDS, TICK_SECONDS, child_id, safe
 
 pytestmark = pytest.mark.crash
 

@@ -24,24 +24,11 @@ import tether
 from tether.core.context import current_step
 
 from .backends import database_url
+from .flows import _append
 
 SLEEP_SECONDS = 3.0  # napper's durable sleep
 TICK_SECONDS = 0.5  # each of ticker's two sleeps
 CHILD_WORKFLOW = "child_flow"
-
-
-def _append(path: Path, line: str) -> None:
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_lines(path: Path) -> list[str]:
-    try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        return []
 
 
 def safe(run_id: str) -> str:
