@@ -16,6 +16,19 @@ SRC = Path(tether.__file__).parent
 
 # The public API, as promised: adding a name is a decision, removing one is a breaking change.
 PUBLIC = {
+    "APPROVE_REJECT",
+    "Approval",
+    "ApprovalNotFound",
+    "ApprovalRefused",
+    "Decision",
+    "HistoryEntry",
+    "LogNotifier",
+    "Notifier",
+    "Option",
+    "Reviewer",
+    "Webhook",
+    "approval",
+    "operation_digest",
     "DuplicateRun",
     "Rate",
     "ChildHandle",
@@ -69,10 +82,19 @@ PUBLIC = {
 
 # Layers from the bottom up; a module may import its own layer and the layers below it.
 LAYERS: list[tuple[str, ...]] = [
-    ("tether.errors", "tether.clock", "tether.faults", "tether.serde"),
+    (
+        "tether.errors",
+        "tether.clock",
+        "tether.faults",
+        "tether.serde",
+        "tether.redact",
+        "tether.webhooks",
+    ),
+    ("tether.store.approval_rows",),
     ("tether.store.base",),
     ("tether.store.memory", "tether.store.sqlite", "tether.store.postgres", "tether.store"),
     ("tether.core",),
+    ("tether.approvals",),
     ("tether.app", "tether.sync", "tether.testing"),
     ("tether.cli", "tether.__main__", "tether"),
 ]

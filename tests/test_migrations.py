@@ -18,7 +18,9 @@ from tether.store.sqlite import SqliteStore
 
 EXPECTED_SQLITE_TABLES = {
     "tether_migrations", "tether_runs", "tether_checkpoints", "tether_workers", "tether_events",
+    "tether_approvals", "tether_approval_audit",
 }  # fmt: skip
+SQLITE_VERSIONS = [1, 2, 3, 4]
 
 
 async def test_a_database_made_by_the_first_migration_upgrades_and_keeps_its_runs(
@@ -51,7 +53,9 @@ async def test_a_database_made_by_the_first_migration_upgrades_and_keeps_its_run
     with sqlite3.connect(path) as conn:
         versions = [r[0] for r in conn.execute("SELECT version FROM tether_migrations")]
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-    assert versions == [1, 2, 3]
+        started_by = conn.execute("SELECT started_by FROM tether_runs WHERE id = 'kept'")
+        assert started_by.fetchone() == (None,)  # the column v4 added, empty for old runs
+    assert versions == SQLITE_VERSIONS
     assert tables >= EXPECTED_SQLITE_TABLES
 
 
@@ -62,7 +66,8 @@ async def test_opening_the_same_sqlite_database_from_many_stores_at_once_migrate
     await asyncio.gather(*(s.open() for s in stores))
     await asyncio.gather(*(s.close() for s in stores))
     with sqlite3.connect(tmp_path / "race.db") as conn:
-        assert [r[0] for r in conn.execute("SELECT version FROM tether_migrations")] == [1, 2, 3]
+        versions = [r[0] for r in conn.execute("SELECT version FROM tether_migrations")]
+    assert versions == SQLITE_VERSIONS
 
 
 async def test_postgres_migrations_are_idempotent_and_safe_to_race(postgres_url: str) -> None:
@@ -109,5 +114,5 @@ async def test_a_postgres_database_made_by_the_first_migration_upgrades_and_keep
     claimed = await new.claim_runs("w", ["wf"], 2.0, 30.0, 5)
     await new.close()
     assert kept is not None
-    assert (kept.queue, kept.priority) == (None, 0)  # the new columns, with their defaults
+    assert (kept.queue, kept.priority, kept.started_by) == (None, 0, None)  # the new columns
     assert [r.id for r in claimed] == ["kept"]

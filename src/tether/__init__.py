@@ -28,6 +28,19 @@ from __future__ import annotations
 from datetime import datetime
 
 from tether.app import App, Rate
+from tether.approvals import (
+    APPROVE_REJECT,
+    Approval,
+    Decision,
+    HistoryEntry,
+    LogNotifier,
+    Notifier,
+    Option,
+    Reviewer,
+    Webhook,
+    approval,
+    operation_digest,
+)
 from tether.clock import to_datetime
 from tether.core.context import idempotency_key, now_seconds, patched, random, uuid4
 from tether.core.handle import RunHandle, RunInfo
@@ -46,6 +59,8 @@ from tether.core.waits import (
 )
 from tether.core.workflow import Workflow
 from tether.errors import (
+    ApprovalNotFound,
+    ApprovalRefused,
     ConfigurationError,
     DuplicateRun,
     EventRefused,
@@ -79,6 +94,19 @@ def now() -> datetime:
 
 
 __all__ = [
+    "APPROVE_REJECT",
+    "operation_digest",
+    "approval",
+    "Webhook",
+    "Reviewer",
+    "Option",
+    "Notifier",
+    "LogNotifier",
+    "HistoryEntry",
+    "Decision",
+    "ApprovalRefused",
+    "ApprovalNotFound",
+    "Approval",
     "NOT_DONE",
     "NO_RETRY",
     "App",

@@ -7,12 +7,15 @@ and the handles. It holds no execution logic and imports no backend directly.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
+from tether.approvals import manage
+from tether.approvals.model import Approval, Decision, HistoryEntry, Reviewer
+from tether.approvals.notify import Notifier
 from tether.clock import Clock, SystemClock
 from tether.core.engine import Engine, Settings
 from tether.core.handle import RunHandle, RunInfo
@@ -90,6 +93,7 @@ class App:
         lease_duration: timedelta = timedelta(seconds=15),
         concurrency: int = 1000,
         force_replay: bool | None = None,
+        notifiers: Sequence[Notifier] = (),
     ) -> None:
         if lease_duration <= timedelta(0) or concurrency < 1:
             raise ConfigurationError(
@@ -108,6 +112,13 @@ class App:
             clock=clock or SystemClock(),
             settings=settings,
         )
+        for notifier in notifiers:
+            if not isinstance(notifier, Notifier):
+                raise ConfigurationError(
+                    f"{notifier!r} is not a notifier: give it async approval_requested(approval) "
+                    f"and approval_decided(approval, decision) methods"
+                )
+        self.engine.notifiers = list(notifiers)
         self._opened = False
 
     def __repr__(self) -> str:
@@ -283,11 +294,13 @@ class App:
         id: str | None = None,
         priority: int = 0,
         dedup_key: str | None = None,
+        started_by: str | None = None,
         **kwargs: Any,
     ) -> RunHandle[R]:
         """Start a run; `id` is its idempotency key: the same id returns the same run. A higher
         `priority` is claimed sooner; `dedup_key` admits one unfinished run per key in the
-        workflow's queue (DuplicateRun otherwise)."""
+        workflow's queue (DuplicateRun otherwise). `started_by` names who asked for the run:
+        approvals with `separate_duties=True` refuse that person as a reviewer."""
         wf = self._workflow(workflow)
         check_run_id(id)
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -295,7 +308,7 @@ class App:
         run_id = id or new_run_id(self.engine)
         await self.open()
         await create_run(self.engine, wf, args, kwargs, run_id, priority=priority,
-                         dedup_key=dedup_key)  # fmt: skip
+                         dedup_key=dedup_key, started_by=started_by)  # fmt: skip
         return self._handle(run_id)
 
     async def send(self, run_id: str, key: str, payload: object = None) -> None:
@@ -359,3 +372,62 @@ class App:
             statuses=statuses, workflow=workflow, limit=limit
         )
         return [RunInfo.of(r) for r in records]
+
+    # -- approvals ----------------------------------------------------------------------------
+
+    async def list_approvals(
+        self,
+        status: str | None = "pending",
+        *,
+        run_id: str | None = None,
+        reviewer: Reviewer | str | None = None,
+        limit: int = 100,
+    ) -> list[Approval]:
+        """Approvals, oldest first (status None: all); with `reviewer`, only those they may
+        decide."""
+        await self.open()
+        return await manage.list_approvals(self.engine, status=status, run_id=run_id,
+                                           reviewer=reviewer, limit=limit)  # fmt: skip
+
+    async def get_approval(
+        self, approval_id: str, *, viewer: Reviewer | str | None = None
+    ) -> Approval:
+        """One approval (ApprovalNotFound otherwise); a `viewer`'s look is audited."""
+        await self.open()
+        return await manage.get_approval(self.engine, approval_id, viewer=viewer)
+
+    async def decide(
+        self,
+        approval_id: str,
+        option: str,
+        *,
+        reviewer: Reviewer | str,
+        operation_digest: str,
+        comment: str | None = None,
+        response: object = None,
+    ) -> Decision:
+        """Decide an approval: `operation_digest` is the digest the reviewer saw. Raises
+        ApprovalRefused (with `.reason`, audited) unless every rule holds; with a quorum, a
+        vote that does not complete it returns a Decision with status `pending`."""
+        await self.open()
+        return await manage.decide(self.engine, approval_id, option, reviewer=reviewer,
+                                   operation_digest=operation_digest, comment=comment,
+                                   response=response)  # fmt: skip
+
+    async def cancel_approval(
+        self, approval_id: str, *, actor: str | None = None, reason: str = "cancelled"
+    ) -> Decision:
+        """Withdraw a pending approval; its run sees status `cancelled`."""
+        await self.open()
+        return await manage.cancel_approval(self.engine, approval_id, actor=actor,
+                                            reason=reason)  # fmt: skip
+
+    async def approval_history(self, approval_id: str) -> list[HistoryEntry]:
+        """The approval's audit trail, oldest first: entries (at, event, actor, detail)."""
+        await self.open()
+        return await manage.history(self.engine, approval_id)
+
+    async def verify_approvals(self, approval_id: str | None = None) -> dict[str, list[str]]:
+        """Check audit trails against their hash chains: {approval id: problems}."""
+        await self.open()
+        return await manage.verify(self.engine, approval_id)

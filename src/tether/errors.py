@@ -10,6 +10,8 @@ is the default message, and every message says what was wrong and what to do nex
     ├── DuplicateRun                an unfinished run of the queue has the same dedup key
     ├── RunNotFound                 no run with that id
     ├── EventRefused                an event for a run that has finished
+    ├── ApprovalNotFound            no approval with that id
+    ├── ApprovalRefused             a decision that may not be taken (reason says why); audited
     ├── SerializationError          a value cannot be encoded or decoded as JSON
     │   └── PayloadTooLarge         an encoded value is over the configured limit
     ├── NonDeterminismError         replay asked for another sequence than the recorded history
@@ -66,6 +68,18 @@ class RunNotFound(TetherError):
 
 class EventRefused(TetherError):
     """The run has finished, so the event was not stored; nothing would ever read it."""
+
+
+class ApprovalNotFound(TetherError):
+    """No approval has this id; list them with `tether approvals list`."""
+
+
+class ApprovalRefused(TetherError):
+    """The decision was refused and nothing was decided; `reason` says why (it is audited)."""
+
+    def __init__(self, message: str | None = None, *, reason: str = "") -> None:
+        self.reason = reason  # a short code: wrong_reviewer, stale_digest, expired, ...
+        super().__init__(message)
 
 
 class SerializationError(TetherError):

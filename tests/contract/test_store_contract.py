@@ -98,6 +98,8 @@ async def test_create_run_with_an_owner_makes_a_running_run_at_epoch_1(store: St
     assert created
     assert run.status is RunStatus.RUNNING
     assert (run.owner, run.epoch, run.lease_expires_at) == ("w1", 1, NOW + LEASE)
+    assert run.started_at == NOW  # it started: a queue's rate limit counts it
+    assert await get(store, "r1") == run
     await store.write_checkpoint(Lease("r1", "w1", 1), checkpoint(0), NOW + 1)
     assert [c.seq for c in await store.load_history("r1")] == [0]
 

@@ -168,7 +168,7 @@ class RunContext:
             )
             return None if written else MISSING
 
-        await self._durable(call, read_back)
+        await self.durable(call, read_back)
         self.history[checkpoint.seq] = checkpoint
 
     async def take_event(self, keys: Sequence[str], done: Checkpoint, now: float) -> str | None:
@@ -188,14 +188,16 @@ class RunContext:
             found = {c.seq: c for c in await store.load_history(self.run_id)}.get(done.seq)
             return found.result if found is not None else MISSING
 
-        taken = await self._durable(call, read_back)
+        taken = await self.durable(call, read_back)
         if taken is not None:
             self.history[done.seq] = done
         return None if taken is None else str(taken)
 
-    async def _durable(
+    async def durable(
         self, call: Callable[[], Awaitable[object]], read_back: Callable[[], Awaitable[object]]
     ) -> Any:
+        """A store write on this run's behalf, through retry_store; losing the lease or the
+        database for good abandons the run."""
         try:
             return await retry_store(self.engine, call, read_back)
         except (LeaseLost, StoreUnavailable) as exc:

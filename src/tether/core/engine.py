@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tether.clock import Clock
 from tether.serde import Serde
@@ -46,6 +46,9 @@ class Engine:
     # a child's end), so the wait looks again at once instead of at its next timer.
     wake_futures: dict[str, set[asyncio.Future[None]]] = field(default_factory=dict)
     worker: Worker | None = None  # this process's worker, while it runs
+    # Told of approvals asked and decided (tether.approvals.Notifier); kept here so workflow
+    # code finds them through its run, the engine itself never calls them.
+    notifiers: list[Any] = field(default_factory=list)
 
     held_waits: int = 0  # runs holding a wait in memory now (at most settings.max_held_waits)
 

@@ -43,6 +43,7 @@ async def create_run(
     parent_id: str | None = None,
     priority: int = 0,
     dedup_key: str | None = None,
+    started_by: str | None = None,
 ) -> RunRecord:
     """Create the run (or find the existing one with this id) and hand a new one to this
     process's worker, if it runs and has room. Runs of a queue are left to the claim, which
@@ -55,7 +56,7 @@ async def create_run(
         worker = None
     record, created = await engine.store.create_run(
         NewRun(run_id, wf.name, text, deadline, parent_id=parent_id, queue=wf.queue,
-               priority=priority, dedup_key=dedup_key), now,
+               priority=priority, dedup_key=dedup_key, started_by=started_by), now,
         owner=worker.id if worker else None,
         lease_until=now + engine.settings.lease_duration if worker else None,
     )  # fmt: skip

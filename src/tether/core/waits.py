@@ -101,7 +101,7 @@ def check_time(when: datetime) -> float:
 
 
 @dataclass(slots=True)
-class _Plan:
+class Plan:
     names: dict[str, WaitSpec] = field(default_factory=dict)  # wait name -> spec
     timeout: float | None = None  # seconds after the start
 
@@ -121,7 +121,7 @@ class _Plan:
         return relative or self.timeout is not None
 
 
-async def wait(ctx: RunContext, base: str, kind: str, plan: _Plan) -> tuple[str, Any]:
+async def wait(ctx: RunContext, base: str, kind: str, plan: Plan) -> tuple[str, Any]:
     """Run one durable wait; returns (the recorded key that won, its value as JSON data)."""
     seq, name, recorded = ctx.slot(base, kind)
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
@@ -166,7 +166,7 @@ async def wait(ctx: RunContext, base: str, kind: str, plan: _Plan) -> tuple[str,
 
 
 async def _ready(
-    ctx: RunContext, plan: _Plan, keys: list[str], done: Checkpoint, started: float
+    ctx: RunContext, plan: Plan, keys: list[str], done: Checkpoint, started: float
 ) -> tuple[str, Any] | None:
     """The outcome if some wait of the plan is over now (and then it is recorded)."""
     clock = ctx.engine.clock
@@ -217,14 +217,14 @@ async def sleep(duration: timedelta) -> None:
     """Sleep durably: the timer survives restarts and fires once, keeping the time left."""
     seconds = check_duration(duration, "tether.sleep()")
     ctx = current_run("sleep")
-    await wait(ctx, "sleep", "sleep", _Plan({"timer": TimerWait(seconds=seconds)}))
+    await wait(ctx, "sleep", "sleep", Plan({"timer": TimerWait(seconds=seconds)}))
 
 
 async def sleep_until(when: datetime) -> None:
     """Sleep durably until `when` (a timezone-aware datetime)."""
     at = check_time(when)
     ctx = current_run("sleep_until")
-    await wait(ctx, "sleep", "sleep", _Plan({"timer": TimerWait(at=at)}))
+    await wait(ctx, "sleep", "sleep", Plan({"timer": TimerWait(at=at)}))
 
 
 async def wait_for_event(key: str, *, timeout: timedelta | None = None) -> Any:
@@ -233,7 +233,7 @@ async def wait_for_event(key: str, *, timeout: timedelta | None = None) -> Any:
     check_key(key)
     limit = None if timeout is None else check_duration(timeout, "wait_for_event timeout")
     ctx = current_run("wait_for_event")
-    won, value = await wait(ctx, f"event:{key}", "event", _Plan({key: EventWait(key)}, limit))
+    won, value = await wait(ctx, f"event:{key}", "event", Plan({key: EventWait(key)}, limit))
     return None if won == TIMEOUT else value
 
 
@@ -253,7 +253,7 @@ async def wait_any(waits: dict[str, WaitSpec], *, timeout: timedelta | None = No
         specs[str(name)] = spec
     limit = None if timeout is None else check_duration(timeout, "wait_any timeout")
     ctx = current_run("wait_any")
-    won, value = await wait(ctx, "wait_any", "any", _Plan(specs, limit))
+    won, value = await wait(ctx, "wait_any", "any", Plan(specs, limit))
     if won == TIMEOUT:
         return Winner(None)
     for name, spec in specs.items():
@@ -268,7 +268,7 @@ async def wait_any(waits: dict[str, WaitSpec], *, timeout: timedelta | None = No
 
 async def join(ctx: RunContext, spec: ChildWait) -> Any:
     """Wait for a child run to end: its result, or its RunFailed / RunCancelled raised here."""
-    _, value = await wait(ctx, f"join:{spec.workflow}", "join", _Plan({"child": spec}))
+    _, value = await wait(ctx, f"join:{spec.workflow}", "join", Plan({"child": spec}))
     return _child_value(ctx, spec, value)
 
 

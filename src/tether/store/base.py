@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from tether.errors import DuplicateRun
+from tether.store.approval_rows import ApprovalChange, ApprovalRecord, AuditEntry, ChangeFn
 
 
 class RunStatus(StrEnum):
@@ -65,6 +66,7 @@ class RunRecord:
     priority: int = 0
     dedup_key: str | None = None
     started_at: float | None = None  # when a worker first claimed it (rate limits count these)
+    started_by: str | None = None  # who started it (approvals with separate duties refuse them)
 
 
 def child_key(child_id: str) -> str:
@@ -137,6 +139,7 @@ class NewRun:
     queue: str | None = None
     priority: int = 0  # higher is claimed sooner, within a queue and outside queues alike
     dedup_key: str | None = None  # unique among the queue's unfinished runs
+    started_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,12 +263,14 @@ class Store(Protocol):
     ) -> None:
         """Record the run's final status and result or error; releases the lease. A child run
         also delivers the event `child_key(its id)` to its parent, in the same transaction.
-        The event's payload is `child_outcome(...)`. Raises LeaseLost if the lease is not held."""
+        The event's payload is `child_outcome(...)`. The run's pending approvals are cancelled
+        (approval_rows.cancel_on_run_end). Raises LeaseLost if the lease is not held."""
 
     async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
         """Cancel a run and, the same way, its unfinished children: one nobody holds ends
-        cancelled at once (with this error); one that a worker holds is flagged and its worker
-        ends it. Finished runs are left as they are. Raises RunNotFound."""
+        cancelled at once (with this error, and its pending approvals cancelled as in
+        finish_run); one that a worker holds is flagged and its worker ends it. Finished runs
+        are left as they are. Raises RunNotFound."""
 
     async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
         """Append an event to the run's mailbox, unless the run has finished (then nothing is
@@ -290,3 +295,31 @@ class Store(Protocol):
         """Whether another connection may have committed since the last call: a cheap look a
         worker takes every few milliseconds. Backends that push notifications may return
         False and wake workers themselves."""
+
+    # -- approvals (see approval_rows) -------------------------------------------------------
+
+    async def create_approval(
+        self, lease: Lease, record: ApprovalRecord, now: float
+    ) -> tuple[ApprovalRecord, bool]:
+        """Insert the approval with its first audit entry ("created", actor None, detail
+        {"title": title}), unless one with its id exists. Returns (the stored approval,
+        whether it was created). Raises LeaseLost if the lease is not held."""
+
+    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        """The approval with this id, or None."""
+
+    async def list_approvals(
+        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[ApprovalRecord]:
+        """Approvals, oldest first, filtered by status and run."""
+
+    async def change_approval(
+        self, approval_id: str, change: ChangeFn, now: float
+    ) -> tuple[ApprovalRecord, ApprovalChange]:
+        """Atomically: lock the approval, call `change(record, status of its run or None,
+        now)` (pure, no I/O), store apply_change's row and audit entries, and deliver
+        `change.event` (if any) to the run's mailbox under approval_key(id), as deliver_event
+        does. Returns (the approval as stored after, the change). Raises ApprovalNotFound."""
+
+    async def approval_audit(self, approval_id: str) -> list[AuditEntry]:
+        """The approval's audit entries ordered by seq (empty if none)."""

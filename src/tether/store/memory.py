@@ -12,7 +12,19 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
-from tether.errors import LeaseLost, RunNotFound
+from tether.errors import ApprovalNotFound, LeaseLost, RunNotFound
+from tether.store.approval_rows import (
+    PENDING,
+    ApprovalChange,
+    ApprovalRecord,
+    AuditEntry,
+    ChangeFn,
+    Note,
+    apply_change,
+    approval_key,
+    cancel_on_run_end,
+    chain,
+)
 from tether.store.base import (
     Checkpoint,
     EventRef,
@@ -42,6 +54,8 @@ class MemoryStore:
         self._workers: dict[str, WorkerInfo] = {}
         # Mailboxes: [id, run id, key, payload, consumed_by] in arrival order.
         self._events: list[list[object]] = []
+        self._approvals: dict[str, ApprovalRecord] = {}
+        self._audit: dict[str, list[AuditEntry]] = {}
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -127,6 +141,7 @@ class MemoryStore:
                 queue=run.queue,
                 priority=run.priority,
                 dedup_key=run.dedup_key,
+                started_by=run.started_by,
                 started_at=None if owner is None else now,
                 status=RunStatus.PENDING if owner is None else RunStatus.RUNNING,
                 owner=owner,
@@ -242,6 +257,7 @@ class MemoryStore:
                     lease_expires_at=None, wake_at=None, wake_on=(), cancel_requested=False,
                     finished_at=now, updated_at=now,
                 )  # fmt: skip
+                self._close_approvals(current.id, RunStatus.CANCELLED, now)
                 if current.parent_id is not None:
                     outcome = child_outcome(RunStatus.CANCELLED, None, error)
                     self._deliver(current.parent_id, child_key(current.id), outcome, now)
@@ -343,9 +359,67 @@ class MemoryStore:
                 finished_at=now,
                 updated_at=now,
             )
+            self._close_approvals(run.id, RunStatus(status), now)
             if run.parent_id is not None:
                 outcome = child_outcome(status, result, error)
                 self._deliver(run.parent_id, child_key(run.id), outcome, now)
+
+    # -- approvals ----------------------------------------------------------------------------
+
+    async def create_approval(
+        self, lease: Lease, record: ApprovalRecord, now: float
+    ) -> tuple[ApprovalRecord, bool]:
+        with self._lock:
+            self._fenced(lease)
+            existing = self._approvals.get(record.id)
+            if existing is not None:
+                return existing, False
+            self._save(chain(record, [Note("created", None, {"title": record.title})], now))
+            return self._approvals[record.id], True
+
+    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        with self._lock:
+            return self._approvals.get(approval_id)
+
+    async def list_approvals(
+        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[ApprovalRecord]:
+        with self._lock:
+            found = [a for a in self._approvals.values()
+                     if (status is None or a.status == status)
+                     and (run_id is None or a.run_id == run_id)]  # fmt: skip
+        found.sort(key=lambda a: (a.created_at, a.id))
+        return found[: max(limit, 0)]
+
+    async def change_approval(
+        self, approval_id: str, change: ChangeFn, now: float
+    ) -> tuple[ApprovalRecord, ApprovalChange]:
+        with self._lock:
+            record = self._approvals.get(approval_id)
+            if record is None:
+                raise ApprovalNotFound(
+                    f"no approval has id {approval_id!r}; list them with `tether approvals list`"
+                )
+            run = self._runs.get(record.run_id)
+            outcome = change(record, None if run is None else run.status.value, now)
+            self._save(apply_change(record, outcome, now))
+            if outcome.event is not None and run is not None and not run.status.terminal:
+                self._deliver(run.id, approval_key(approval_id), outcome.event, now)
+            return self._approvals[approval_id], outcome
+
+    async def approval_audit(self, approval_id: str) -> list[AuditEntry]:
+        with self._lock:
+            return list(self._audit.get(approval_id, []))
+
+    def _save(self, saved: tuple[ApprovalRecord, list[AuditEntry]]) -> None:
+        record, entries = saved
+        self._approvals[record.id] = record
+        self._audit.setdefault(record.id, []).extend(entries)
+
+    def _close_approvals(self, run_id: str, status: RunStatus, now: float) -> None:
+        for record in list(self._approvals.values()):
+            if record.run_id == run_id and record.status == PENDING:
+                self._save(apply_change(record, cancel_on_run_end(record, status.value, now), now))
 
     # -- helpers (call with the lock held) ----------------------------------------------------
 

@@ -22,10 +22,25 @@ from psycopg_pool import AsyncConnectionPool
 
 from tether import faults
 from tether.errors import (
+    ApprovalNotFound,
     ConfigurationError,
     LeaseLost,
     RunNotFound,
     StoreUnavailable,
+)
+from tether.store.approval_rows import (
+    ApprovalChange,
+    ApprovalRecord,
+    AuditEntry,
+    ChangeFn,
+    Note,
+    apply_change,
+    approval_from_row,
+    approval_key,
+    approval_to_row,
+    audit_from_row,
+    cancel_on_run_end,
+    chain,
 )
 from tether.store.base import (
     Checkpoint,
@@ -42,7 +57,7 @@ from tether.store.base import (
     duplicate_run,
     queue_budget,
 )
-from tether.store.rows import checkpoint_from_row, load_sql, run_from_row
+from tether.store.rows import audit_to_row, checkpoint_from_row, load_sql, run_from_row
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[Any]
@@ -265,6 +280,9 @@ class PostgresStore:
             "queue": run.queue,
             "priority": run.priority,
             "dedup_key": run.dedup_key,
+            "started_by": run.started_by,
+            # A run created already claimed has started: rate limits count it.
+            "started_at": now if owner else None,
         }
 
         async def op(c: Conn) -> tuple[RunRecord, bool]:
@@ -394,6 +412,7 @@ class PostgresStore:
             if row is None:
                 raise await _lease_lost(c, lease)
             await c.execute(f"NOTIFY {CHANNEL}")  # a queue's budget may have freed up
+            await _close_approvals(c, lease.run_id, RunStatus(status), now)
             if row[0] is not None:  # tell the parent, in the same transaction
                 outcome = child_outcome(status, result, error)
                 await _deliver_event(c, row[0], child_key(lease.run_id), outcome, now)
@@ -411,9 +430,11 @@ class PostgresStore:
                 row = await (await c.execute(_Q["cancel_unowned"], args)).fetchone()
                 if row is None:
                     await c.execute(_Q["cancel_owned"], args)
-                elif row[0] is not None:
-                    outcome = child_outcome(RunStatus.CANCELLED, None, error)
-                    await _deliver_event(c, row[0], child_key(current), outcome, now)
+                else:
+                    await _close_approvals(c, current, RunStatus.CANCELLED, now)
+                    if row[0] is not None:
+                        outcome = child_outcome(RunStatus.CANCELLED, None, error)
+                        await _deliver_event(c, row[0], child_key(current), outcome, now)
                 cur = await c.execute(_Q["children"], {"id": current})
                 todo += [r[0] for r in await cur.fetchall()]
             row = await (await c.execute(_Q["get_run"], {"id": run_id})).fetchone()
@@ -467,6 +488,90 @@ class PostgresStore:
     async def poll_changes(self) -> bool:
         changed, self._changed = self._changed, False
         return changed
+
+    # -- approvals --------------------------------------------------------------------------
+
+    async def create_approval(
+        self, lease: Lease, record: ApprovalRecord, now: float
+    ) -> tuple[ApprovalRecord, bool]:
+        fence = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch}
+        stored, entries = chain(record, [Note("created", None, {"title": record.title})], now)
+
+        async def op(c: Conn) -> tuple[ApprovalRecord, bool]:
+            if await (await c.execute(_Q["lease_held"], fence)).fetchone() is None:
+                raise await _lease_lost(c, lease)
+            if (await c.execute(_Q["insert_approval"], approval_to_row(stored))).rowcount == 0:
+                row = await (await c.execute(_Q["get_approval"], {"id": record.id})).fetchone()
+                assert row is not None
+                return approval_from_row(row), False
+            await _insert_audit(c, entries)
+            return stored, True
+
+        return await self._tx(op, write=True, label=f"create_approval:{record.id}")
+
+    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        rows = await self._rows(_Q["get_approval"], {"id": approval_id})
+        return approval_from_row(rows[0]) if rows else None
+
+    async def list_approvals(
+        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[ApprovalRecord]:
+        args = {"status": status, "run_id": run_id, "limit": max(0, limit)}
+        return [approval_from_row(r) for r in await self._rows(_Q["list_approvals"], args)]
+
+    async def change_approval(
+        self, approval_id: str, change: ChangeFn, now: float
+    ) -> tuple[ApprovalRecord, ApprovalChange]:
+        async def op(c: Conn) -> tuple[ApprovalRecord, ApprovalChange]:
+            found = await (await c.execute(_Q["approval_run"], {"id": approval_id})).fetchone()
+            if found is None:
+                raise ApprovalNotFound(
+                    f"no approval has id {approval_id!r}; list them with `tether approvals list`"
+                )
+            # The run first, then the approval: the order in which finish_run and cancel_run
+            # lock them, so the two never deadlock, and the run's status holds until commit.
+            cur = await c.execute(_Q["lock_run_status"], {"id": found[0]})
+            status = await cur.fetchone()
+            run_status = None if status is None else RunStatus(status[0])
+            row = await (await c.execute(_Q["lock_approval"], {"id": approval_id})).fetchone()
+            assert row is not None  # approvals are never deleted
+            record = approval_from_row(row)
+            outcome = change(record, None if run_status is None else run_status.value, now)
+            stored = await _save_approval(c, apply_change(record, outcome, now))
+            if outcome.event is not None and run_status is not None and not run_status.terminal:
+                await _deliver_event(c, record.run_id, approval_key(approval_id), outcome.event,
+                                     now)  # fmt: skip
+            return stored, outcome
+
+        return await self._tx(op, write=True, label=f"change_approval:{approval_id}")
+
+    async def approval_audit(self, approval_id: str) -> list[AuditEntry]:
+        return [audit_from_row(r) for r in await self._rows(_Q["approval_audit"],
+                                                            {"id": approval_id})]  # fmt: skip
+
+
+async def _insert_audit(conn: Conn, entries: Sequence[AuditEntry]) -> None:
+    async with conn.cursor() as cur:
+        await cur.executemany(_Q["insert_audit"], [audit_to_row(e) for e in entries])
+
+
+async def _save_approval(
+    conn: Conn, saved: tuple[ApprovalRecord, list[AuditEntry]]
+) -> ApprovalRecord:
+    """Write a changed approval's row and append its new audit entries."""
+    record, entries = saved
+    await conn.execute(_Q["update_approval"], approval_to_row(record))
+    await _insert_audit(conn, entries)
+    return record
+
+
+async def _close_approvals(conn: Conn, run_id: str, status: RunStatus, now: float) -> None:
+    """Cancel the pending approvals of a run that ended, in its transaction."""
+    rows = await (await conn.execute(_Q["pending_approvals"], {"run_id": run_id})).fetchall()
+    for row in rows:
+        record = approval_from_row(row)
+        change = cancel_on_run_end(record, status.value, now)
+        await _save_approval(conn, apply_change(record, change, now))
 
 
 def _checkpoint_args(lease: Lease, cp: Checkpoint, result: str | None) -> dict[str, Any]:

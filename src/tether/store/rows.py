@@ -1,7 +1,8 @@
 """What the SQL backends share: loading their named queries and migrations from sql/<dialect>/,
-and turning rows into the port's records.
+and turning rows into the port's records (and audit entries into rows).
 
-It knows the column order of the run and checkpoint queries, nothing of any database driver.
+It knows the column order of the run, checkpoint, approval and audit queries, nothing of any
+database driver.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
+from tether.store.approval_rows import APPROVAL_COLUMNS, AUDIT_COLUMNS, AuditEntry
 from tether.store.base import Checkpoint, CheckpointStatus, RunRecord, RunStatus
 
 RUN_COLUMNS = (
     "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
     " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on,"
-    " queue, priority, dedup_key, started_at"
+    " queue, priority, dedup_key, started_at, started_by"
 )
 
 
@@ -31,7 +33,9 @@ def load_sql(dialect: str) -> tuple[dict[str, str], list[tuple[int, str]]]:
             queries[name] = ""
         elif name is not None and not line.startswith("--"):
             queries[name] += line + "\n"
-    queries = {k: v.strip().format(run_columns=RUN_COLUMNS) for k, v in queries.items()}
+    columns = {"run_columns": RUN_COLUMNS, "approval_columns": APPROVAL_COLUMNS,
+               "audit_columns": AUDIT_COLUMNS}  # fmt: skip
+    queries = {k: v.strip().format(**columns) for k, v in queries.items()}
     migrations = sorted(
         (int(f.name.split("_", 1)[0]), f.read_text())
         for f in folder.iterdir()
@@ -47,7 +51,7 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         deadline_at=row[10], cancel_requested=bool(row[11]), created_at=row[12],
         updated_at=row[13], finished_at=row[14], parent_id=row[15],
         wake_on=tuple(json.loads(row[16])) if row[16] else (), queue=row[17], priority=row[18],
-        dedup_key=row[19], started_at=row[20],
+        dedup_key=row[19], started_at=row[20], started_by=row[21],
     )  # fmt: skip
 
 
@@ -56,3 +60,8 @@ def checkpoint_from_row(row: Sequence[Any]) -> Checkpoint:
         seq=row[0], name=row[1], kind=row[2], status=CheckpointStatus(row[3]), result=row[4],
         error=row[5], attempts=row[6], started_at=row[7], finished_at=row[8], retry_at=row[9],
     )  # fmt: skip
+
+
+def audit_to_row(entry: AuditEntry) -> dict[str, Any]:
+    """Parameters of an insert_audit query (named like AUDIT_COLUMNS)."""
+    return {f: getattr(entry, f) for f in AuditEntry.__dataclass_fields__}

@@ -13,7 +13,21 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tether import faults
-from tether.errors import LeaseLost, RunNotFound
+from tether.errors import ApprovalNotFound, LeaseLost, RunNotFound
+from tether.store.approval_rows import (
+    ApprovalChange,
+    ApprovalRecord,
+    AuditEntry,
+    ChangeFn,
+    Note,
+    apply_change,
+    approval_from_row,
+    approval_key,
+    approval_to_row,
+    audit_from_row,
+    cancel_on_run_end,
+    chain,
+)
 from tether.store.base import (
     Checkpoint,
     EventRef,
@@ -29,7 +43,7 @@ from tether.store.base import (
     duplicate_run,
     queue_budget,
 )
-from tether.store.rows import checkpoint_from_row, load_sql, run_from_row
+from tether.store.rows import audit_to_row, checkpoint_from_row, load_sql, run_from_row
 from tether.store.sqlite_commit import CommitQueue, parse_sqlite_url
 
 _Q, _MIGRATIONS = load_sql("sqlite")
@@ -144,6 +158,9 @@ class SqliteStore:
             "queue": run.queue,
             "priority": run.priority,
             "dedup_key": run.dedup_key,
+            "started_by": run.started_by,
+            # A run created already claimed has started: rate limits count it.
+            "started_at": now if owner else None,
         }
 
         def op(c: sqlite3.Connection) -> tuple[RunRecord, bool]:
@@ -171,6 +188,7 @@ class SqliteStore:
                     priority=run.priority,
                     dedup_key=run.dedup_key,
                     started_at=now if owner else None,
+                    started_by=run.started_by,
                 )
                 return created, True
             return run_from_row(c.execute(_Q["get_run"], {"id": run.id}).fetchone()), False
@@ -319,6 +337,7 @@ class SqliteStore:
             row = c.execute(_Q["finish_run"], args).fetchone()
             if row is None:
                 raise _lease_lost(c, lease)
+            _close_approvals(c, lease.run_id, RunStatus(status), now)
             if row[0] is not None:  # tell the parent, in the same transaction
                 outcome = child_outcome(status, result, error)
                 _deliver_event(c, row[0], child_key(lease.run_id), outcome, now)
@@ -337,6 +356,7 @@ class SqliteStore:
                 if c.execute(_Q["cancel_unowned"], args).rowcount == 0:
                     c.execute(_Q["cancel_owned"], args)
                 else:
+                    _close_approvals(c, current, RunStatus.CANCELLED, now)
                     parent = c.execute(
                         "SELECT parent_id FROM tether_runs WHERE id = ?", (current,)
                     ).fetchone()[0]
@@ -403,8 +423,92 @@ class SqliteStore:
     async def poll_changes(self) -> bool:
         return await self._db.poll_changes()
 
+    # -- approvals --------------------------------------------------------------------------
+
+    async def create_approval(
+        self, lease: Lease, record: ApprovalRecord, now: float
+    ) -> tuple[ApprovalRecord, bool]:
+        fence = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch}
+        stored, entries = chain(record, [Note("created", None, {"title": record.title})], now)
+
+        def op(c: sqlite3.Connection) -> tuple[ApprovalRecord, bool]:
+            if c.execute(_Q["lease_held"], fence).fetchone() is None:
+                raise _lease_lost(c, lease)
+            if c.execute(_Q["insert_approval"], approval_to_row(stored)).rowcount == 0:
+                row = c.execute(_Q["get_approval"], {"id": record.id}).fetchone()
+                return approval_from_row(row), False
+            c.executemany(_Q["insert_audit"], [audit_to_row(e) for e in entries])
+            return stored, True
+
+        label = f"create_approval:{record.id}"
+        return await self._db.submit(op, write=True, label=label, multi=True)
+
+    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
+        def op(c: sqlite3.Connection) -> ApprovalRecord | None:
+            row = c.execute(_Q["get_approval"], {"id": approval_id}).fetchone()
+            return None if row is None else approval_from_row(row)
+
+        return await self._db.submit(op, write=False)
+
+    async def list_approvals(
+        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[ApprovalRecord]:
+        args = {"status": status, "run_id": run_id, "limit": max(0, limit)}
+        return await self._db.submit(
+            lambda c: [approval_from_row(r) for r in c.execute(_Q["list_approvals"], args)],
+            write=False,
+        )
+
+    async def change_approval(
+        self, approval_id: str, change: ChangeFn, now: float
+    ) -> tuple[ApprovalRecord, ApprovalChange]:
+        # A multi-statement write runs in BEGIN IMMEDIATE (sqlite_commit): the write lock is
+        # held from the first read, so no other process changes the row between read and write.
+        def op(c: sqlite3.Connection) -> tuple[ApprovalRecord, ApprovalChange]:
+            row = c.execute(_Q["get_approval"], {"id": approval_id}).fetchone()
+            if row is None:
+                raise ApprovalNotFound(
+                    f"no approval has id {approval_id!r}; list them with `tether approvals list`"
+                )
+            record = approval_from_row(row)
+            found = c.execute(_Q["run_status"], {"id": record.run_id}).fetchone()
+            run_status = None if found is None else RunStatus(found[0])
+            outcome = change(record, None if run_status is None else run_status.value, now)
+            stored = _save_approval(c, apply_change(record, outcome, now))
+            if outcome.event is not None and run_status is not None and not run_status.terminal:
+                _deliver_event(c, record.run_id, approval_key(approval_id), outcome.event, now)
+            return stored, outcome
+
+        label = f"change_approval:{approval_id}"
+        return await self._db.submit(op, write=True, label=label, multi=True)
+
+    async def approval_audit(self, approval_id: str) -> list[AuditEntry]:
+        return await self._db.submit(
+            lambda c: [
+                audit_from_row(r) for r in c.execute(_Q["approval_audit"], {"id": approval_id})
+            ],
+            write=False,
+        )
+
 
 def _deliver_event(c: sqlite3.Connection, run_id: str, key: str, payload: str, now: float) -> None:
     args = {"run_id": run_id, "key": key, "payload": payload, "now": now}
     c.execute(_Q["insert_event"], args)
     c.execute(_Q["wake_for_event"], args)
+
+
+def _save_approval(
+    c: sqlite3.Connection, saved: tuple[ApprovalRecord, list[AuditEntry]]
+) -> ApprovalRecord:
+    """Write a changed approval's row and append its new audit entries."""
+    record, entries = saved
+    c.execute(_Q["update_approval"], approval_to_row(record))
+    c.executemany(_Q["insert_audit"], [audit_to_row(e) for e in entries])
+    return record
+
+
+def _close_approvals(c: sqlite3.Connection, run_id: str, status: RunStatus, now: float) -> None:
+    """Cancel the pending approvals of a run that ended, in its transaction."""
+    for row in c.execute(_Q["pending_approvals"], {"run_id": run_id}).fetchall():
+        record = approval_from_row(row)
+        _save_approval(c, apply_change(record, cancel_on_run_end(record, status.value, now), now))

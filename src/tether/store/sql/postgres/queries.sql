@@ -1,13 +1,14 @@
 -- Named queries of the PostgreSQL backend, one per statement; `-- name:` starts each.
--- Run columns are always selected in the order of RUN_COLUMNS in sqlite.py (shared).
+-- Run columns are always selected in the order of RUN_COLUMNS in rows.py (shared), approvals
+-- and audit entries in that of APPROVAL_COLUMNS and AUDIT_COLUMNS in approval_rows.py.
 
 -- name: insert_run
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
-                         deadline_at, parent_id, queue, priority, dedup_key,
-                         created_at, updated_at)
+                         deadline_at, parent_id, queue, priority, dedup_key, started_by,
+                         started_at, created_at, updated_at)
 VALUES (%(id)s, %(workflow)s, %(status)s, %(args)s, %(owner)s, %(epoch)s, %(lease_expires_at)s,
-        %(deadline_at)s, %(parent_id)s, %(queue)s, %(priority)s, %(dedup_key)s,
-        %(now)s, %(now)s)
+        %(deadline_at)s, %(parent_id)s, %(queue)s, %(priority)s, %(dedup_key)s, %(started_by)s,
+        %(started_at)s, %(now)s, %(now)s)
 ON CONFLICT (id) DO NOTHING;
 
 -- name: get_run
@@ -185,3 +186,54 @@ SELECT coalesce(max(id), 0) FROM tether_events;
 SELECT id FROM tether_runs
 WHERE coalesce(queue, '') = coalesce(%(queue)s, '') AND dedup_key = %(dedup_key)s
   AND status IN ('pending', 'running', 'waiting');
+
+-- name: insert_approval
+INSERT INTO tether_approvals (id, run_id, step, status, created_at, expires_at, updated_at,
+                              audit_count, audit_head, body)
+VALUES (%(id)s, %(run_id)s, %(step)s, %(status)s, %(created_at)s, %(expires_at)s,
+        %(updated_at)s, %(audit_count)s, %(audit_head)s, %(body)s)
+ON CONFLICT (id) DO NOTHING;
+
+-- name: update_approval
+-- Every column but the id: the row becomes exactly the record the change asked for.
+UPDATE tether_approvals
+SET run_id = %(run_id)s, step = %(step)s, status = %(status)s, created_at = %(created_at)s,
+    expires_at = %(expires_at)s, updated_at = %(updated_at)s, audit_count = %(audit_count)s,
+    audit_head = %(audit_head)s, body = %(body)s
+WHERE id = %(id)s;
+
+-- name: get_approval
+SELECT {approval_columns} FROM tether_approvals WHERE id = %(id)s;
+
+-- name: lock_approval
+SELECT {approval_columns} FROM tether_approvals WHERE id = %(id)s FOR UPDATE;
+
+-- name: approval_run
+SELECT run_id FROM tether_approvals WHERE id = %(id)s;
+
+-- name: list_approvals
+-- Ids compare byte-wise (COLLATE "C"), as SQLite and the memory store compare them.
+SELECT {approval_columns} FROM tether_approvals
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
+ORDER BY created_at, id COLLATE "C"
+LIMIT %(limit)s;
+
+-- name: pending_approvals
+-- Locked, and read again after any decision that held them committed: a decision taken
+-- meanwhile is not overwritten.
+SELECT {approval_columns} FROM tether_approvals
+WHERE run_id = %(run_id)s AND status = 'pending'
+ORDER BY created_at, id COLLATE "C"
+FOR UPDATE;
+
+-- name: insert_audit
+INSERT INTO tether_approval_audit ({audit_columns})
+VALUES (%(approval_id)s, %(seq)s, %(at)s, %(event)s, %(actor)s, %(detail)s, %(prev_hash)s,
+        %(hash)s);
+
+-- name: approval_audit
+SELECT {audit_columns} FROM tether_approval_audit WHERE approval_id = %(id)s ORDER BY seq;
+
+-- name: lock_run_status
+SELECT status FROM tether_runs WHERE id = %(id)s FOR UPDATE;

@@ -1,13 +1,14 @@
 -- Named queries of the SQLite backend, one per statement; `-- name:` starts each.
--- Run columns are always selected in the order of RUN_COLUMNS in sqlite.py.
+-- Run columns are always selected in the order of RUN_COLUMNS in rows.py, approvals and audit
+-- entries in that of APPROVAL_COLUMNS and AUDIT_COLUMNS in approval_rows.py.
 
 -- name: insert_run
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
-                         deadline_at, parent_id, queue, priority, dedup_key,
-                         created_at, updated_at)
+                         deadline_at, parent_id, queue, priority, dedup_key, started_by,
+                         started_at, created_at, updated_at)
 VALUES (:id, :workflow, :status, :args, :owner, :epoch, :lease_expires_at,
-        :deadline_at, :parent_id, :queue, :priority, :dedup_key,
-        :now, :now)
+        :deadline_at, :parent_id, :queue, :priority, :dedup_key, :started_by,
+        :started_at, :now, :now)
 ON CONFLICT (id) DO NOTHING;
 
 -- name: get_run
@@ -179,3 +180,42 @@ WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch
 SELECT id FROM tether_runs
 WHERE coalesce(queue, '') = coalesce(:queue, '') AND dedup_key = :dedup_key
   AND status IN ('pending', 'running', 'waiting');
+
+-- name: insert_approval
+INSERT INTO tether_approvals (id, run_id, step, status, created_at, expires_at, updated_at,
+                              audit_count, audit_head, body)
+VALUES (:id, :run_id, :step, :status, :created_at, :expires_at, :updated_at,
+        :audit_count, :audit_head, :body)
+ON CONFLICT (id) DO NOTHING;
+
+-- name: update_approval
+-- Every column but the id: the row becomes exactly the record the change asked for.
+UPDATE tether_approvals
+SET run_id = :run_id, step = :step, status = :status, created_at = :created_at,
+    expires_at = :expires_at, updated_at = :updated_at, audit_count = :audit_count,
+    audit_head = :audit_head, body = :body
+WHERE id = :id;
+
+-- name: get_approval
+SELECT {approval_columns} FROM tether_approvals WHERE id = :id;
+
+-- name: list_approvals
+SELECT {approval_columns} FROM tether_approvals
+WHERE (:status IS NULL OR status = :status) AND (:run_id IS NULL OR run_id = :run_id)
+ORDER BY created_at, id
+LIMIT :limit;
+
+-- name: pending_approvals
+SELECT {approval_columns} FROM tether_approvals
+WHERE run_id = :run_id AND status = 'pending'
+ORDER BY created_at, id;
+
+-- name: insert_audit
+INSERT INTO tether_approval_audit ({audit_columns})
+VALUES (:approval_id, :seq, :at, :event, :actor, :detail, :prev_hash, :hash);
+
+-- name: approval_audit
+SELECT {audit_columns} FROM tether_approval_audit WHERE approval_id = :id ORDER BY seq;
+
+-- name: run_status
+SELECT status FROM tether_runs WHERE id = :id;

@@ -1,0 +1,154 @@
+"""Telling the world about approvals: the Notifier interface (a log notifier built in), and
+signed `on_decision` webhooks. Both run as durable steps with retries inside the run.
+
+A notifier or webhook that keeps failing is logged and never fails the run: the decision
+stands whether or not anyone was told. Bodies carry ids and the decision, never the context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from tether.approvals.model import Approval, Decision, decision_from
+from tether.core.context import idempotency_key
+from tether.core.retry import Retry
+from tether.core.step import Step
+from tether.errors import ConfigurationError, PermanentError
+from tether.webhooks import SIGNATURE_HEADER, sign
+
+if TYPE_CHECKING:
+    from tether.core.engine import Engine
+
+log = logging.getLogger("tether.approvals")
+
+
+@runtime_checkable
+class Notifier(Protocol):
+    """Told when an approval is asked for and when it ends (decided, expired, cancelled).
+    Called from a step: it may run again after a crash, so make it idempotent."""
+
+    async def approval_requested(self, approval: Approval) -> None: ...
+
+    async def approval_decided(self, approval: Approval, decision: Decision) -> None: ...
+
+
+class LogNotifier:
+    """Logs approvals on the `tether.approvals` logger (operation and context stay out)."""
+
+    def __init__(self, logger: logging.Logger | None = None) -> None:
+        self.log = logger or log
+
+    async def approval_requested(self, approval: Approval) -> None:
+        self.log.info("approval %s asked of %s: %s (run %s, expires %s)", approval.id,
+                      ", ".join(approval.reviewers), approval.title, approval.run_id,
+                      approval.expires_at.isoformat())  # fmt: skip
+
+    async def approval_decided(self, approval: Approval, decision: Decision) -> None:
+        self.log.info("approval %s %s by %s (run %s)", approval.id, decision.status,
+                      decision.reviewer or "nobody", approval.run_id)  # fmt: skip
+
+
+async def _notify_body(engine: Engine, approval_id: str, what: str) -> None:
+    record = await engine.store.get_approval(approval_id)
+    if record is None or not engine.notifiers:
+        return
+    shown = Approval.of(record, engine.clock.now())
+    for notifier in engine.notifiers:
+        if what == "requested":
+            await notifier.approval_requested(shown)
+        else:
+            decision = shown.decision or decision_from(record.id, record.status, None)
+            await notifier.approval_decided(shown, decision)
+
+
+_NOTIFY: Step[..., None] = Step(
+    _notify_body, name="tether.notify", retry=Retry(max_attempts=5), timeout=timedelta(minutes=1),
+    at_most_once=False, reconcile=None,
+)  # fmt: skip
+
+
+async def notify(engine: Engine, approval_id: str, what: str) -> None:
+    """Tell the App's notifiers (a checkpointed step, also when there are none, so that adding
+    a notifier later does not change the histories of runs in flight)."""
+    try:
+        await _NOTIFY(engine, approval_id, what)
+    except Exception as exc:
+        log.warning("notifiers failed for approval %s (%s): %s", approval_id, what, exc)
+
+
+@dataclass(frozen=True, slots=True)
+class Webhook:
+    """POST the decision to `url`, signed with HMAC-SHA256 over a timestamped body (header
+    `Tether-Signature: t=<unix>,v1=<hex>`; check it with `tether.webhooks.verify`). The
+    `Idempotency-Key` header is the same on every retry of one delivery."""
+
+    url: str
+    secret: str = field(repr=False)
+    retry: Retry = field(default_factory=lambda: Retry(
+        max_attempts=8, initial_delay=timedelta(seconds=1), max_delay=timedelta(minutes=5)))  # fmt: skip
+    timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.startswith(("https://", "http://")):
+            raise ConfigurationError(f"a webhook url starts with https:// or http://: {self.url!r}")
+        if not isinstance(self.secret, str) or len(self.secret) < 16:
+            raise ConfigurationError("a webhook secret is a str of at least 16 chars")
+
+
+def decision_body(decision: Decision) -> dict[str, Any]:
+    return {
+        "type": "approval.decided",
+        "approval_id": decision.approval_id,
+        "run_id": decision.run_id,
+        "status": decision.status,
+        "option": decision.option,
+        "reviewer": decision.reviewer,
+        "approvers": list(decision.approvers),
+        "decided_at": None if decision.decided_at is None else decision.decided_at.isoformat(),
+        "operation_digest": decision.operation_digest,
+    }
+
+
+async def _post(hook: Webhook, body: bytes) -> int:
+    """One delivery attempt: 2xx is done; 4xx (but 408 and 429) will never succeed."""
+    headers = {
+        "Content-Type": "application/json",
+        "User-Agent": "tether-webhook",
+        "Idempotency-Key": idempotency_key(),
+        SIGNATURE_HEADER: sign(hook.secret, body, int(time.time())),
+    }
+    request = urllib.request.Request(hook.url, data=body, headers=headers, method="POST")
+
+    def send() -> int:
+        try:
+            with urllib.request.urlopen(request, timeout=hook.timeout) as response:  # noqa: S310
+                return int(response.status)
+        except urllib.error.HTTPError as exc:
+            exc.close()  # it holds the response's socket
+            if 400 <= exc.code < 500 and exc.code not in (408, 429):
+                raise PermanentError(
+                    f"webhook {hook.url} refused the delivery: {exc.code}"
+                ) from None
+            raise ConnectionError(f"webhook {hook.url} answered {exc.code}") from None
+
+    return await asyncio.to_thread(send)
+
+
+async def deliver_webhook(hook: Webhook, decision: Decision) -> None:
+    body = json.dumps(decision_body(decision), sort_keys=True).encode()
+    step: Step[..., int] = Step(_post, name="tether.webhook", retry=hook.retry,
+                                timeout=timedelta(seconds=hook.timeout * 2), at_most_once=False,
+                                reconcile=None)  # fmt: skip
+    try:
+        await step(hook, body)
+    except Exception as exc:
+        log.warning("webhook %s for approval %s failed for good: %s", hook.url,
+                    decision.approval_id, exc)  # fmt: skip

@@ -1,0 +1,451 @@
+"""Human approvals: one per call site, bound to the operation by digest, decided once by an
+allowed reviewer, expiring closed, audited in a hash chain; every refusal path, on every
+backend and in forced-replay mode."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+import tether
+from tether import webhooks
+from tether.store.base import RunStatus
+from tether.testing import FakeClock, fake_app, run_until_idle
+
+MakeApp = Callable[..., tether.App]
+OPERATION = {"tool": "deploy", "arguments": {"version": "1.2.3", "env": "prod"}}
+
+
+async def pending(app: tether.App, run_id: str) -> tether.Approval:
+    """The run's pending approval, once it exists."""
+    async with asyncio.timeout(10):
+        while True:
+            found = await app.list_approvals(run_id=run_id)
+            if found:
+                return found[0]
+            await asyncio.sleep(0.005)
+
+
+def deploy_app(make: MakeApp, effects: list[str], **approval: Any) -> tether.App:
+    app = make()
+
+    @app.step()
+    async def deploy(version: str) -> str:
+        effects.append(version)
+        return f"deployed {version}"
+
+    @app.workflow()
+    async def release(version: str) -> dict[str, Any]:
+        decision = await tether.approval(
+            "Deploy to prod?",
+            "The agent wants to deploy.",
+            operation={"tool": "deploy", "arguments": {"version": version, "env": "prod"}},
+            reviewers=approval.get("reviewers", ["alice", "group:sre"]),
+            expires_in=approval.get("expires_in", timedelta(hours=1)),
+            context={"changelog": "fix login", "api_key": "abc123", "note": "key sk-" + "a" * 24},
+            required=approval.get("required", 1),
+            separate_duties=approval.get("separate_duties", False),
+            **({"options": approval["options"]} if "options" in approval else {}),
+        )
+        if decision.approved:
+            return {"status": decision.status, "result": await deploy(version)}
+        return {"status": decision.status, "option": decision.option}
+
+    return app
+
+
+async def test_an_approved_decision_resumes_the_run_which_acts_once(make_app: MakeApp) -> None:
+    effects: list[str] = []
+    app = deploy_app(make_app, effects)
+    async with app:
+        handle = await app.start("release", "1.2.3", id="rel-1", started_by="carol")
+        ask = await pending(app, "rel-1")
+        assert ask.title == "Deploy to prod?"
+        assert ask.status == "pending"
+        assert ask.reviewers == ("alice", "group:sre")
+        assert [o.id for o in ask.options] == ["approve", "reject"]
+        assert ask.starter == "carol"
+        assert ask.operation_digest == tether.operation_digest("rel-1", "approval", OPERATION)
+        decision = await app.decide(ask.id, "approve", reviewer="alice",
+                                    operation_digest=ask.operation_digest, comment="ship it")  # fmt: skip
+        assert (decision.status, decision.approved, decision.reviewer) == ("approved", True, "alice")
+        assert await handle.result(timeout=10) == {"status": "approved", "result": "deployed 1.2.3"}
+    assert effects == ["1.2.3"]
+    assert len(await app.list_approvals(status=None)) == 1  # replays never asked twice
+    events = [e.event for e in await app.approval_history(ask.id)]
+    assert events == ["created", "decided"]
+    assert await app.verify_approvals() == {ask.id: []}
+
+
+async def test_a_rejection_reaches_the_workflow_and_the_tool_never_runs(make_app: MakeApp) -> None:
+    effects: list[str] = []
+    app = deploy_app(make_app, effects)
+    async with app:
+        handle = await app.start("release", "2.0", id="rel-2")
+        ask = await pending(app, "rel-2")
+        decision = await app.decide(ask.id, "reject", reviewer="alice",
+                                    operation_digest=ask.operation_digest)  # fmt: skip
+        assert (decision.status, decision.approved) == ("rejected", False)
+        assert await handle.result(timeout=10) == {"status": "rejected", "option": "reject"}
+    assert effects == []
+
+
+async def test_reviewers_see_the_context_and_operation_redacted(make_app: MakeApp) -> None:
+    app = make_app()
+
+    @app.workflow()
+    async def pay(card: dict[str, str]) -> bool:
+        decision = await tether.approval(
+            "Refund?", operation={"tool": "refund", "arguments": card}, reviewers=["*"],
+            context={"password": "hunter2", "bearer": "Authorization: Bearer abc.def.ghi",
+                     "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.c2lnbmF0dXJl"},
+        )  # fmt: skip
+        return decision.approved
+
+    raw = {"amount": "10", "token": "tok_live_123"}
+    async with app:
+        await app.start(pay, raw, id="pay-1")
+        ask = await pending(app, "pay-1")
+    text = json.dumps([ask.context, ask.operation])
+    for secret in ("hunter2", "tok_live_123", "eyJzdWIiOiIxIn0", "abc.def.ghi"):
+        assert secret not in text
+    assert ask.operation == {"tool": "refund", "arguments": {"amount": "10", "token": "[redacted]"}}
+    # The digest binds the raw operation, not the redacted view.
+    raw_op = {"tool": "refund", "arguments": raw}
+    assert ask.operation_digest == tether.operation_digest("pay-1", "approval", raw_op)
+
+
+@pytest.mark.parametrize(
+    ("reviewer", "option", "digest", "response", "reason"),
+    [
+        ("mallory", "approve", None, None, "wrong_reviewer"),
+        ("alice", "approve", "0" * 64, None, "stale_digest"),
+        ("alice", "launch", None, None, "unknown_option"),
+        ("alice", "edit", None, {"arguments": {"version": 7}}, "invalid_response"),
+        ("alice", "edit", None, None, "invalid_response"),
+        ("alice", "approve", None, {"unexpected": True}, "invalid_response"),
+    ],
+)
+async def test_each_invalid_decision_is_refused_audited_and_decides_nothing(
+    make_app: MakeApp, reviewer: str, option: str, digest: str | None, response: object,
+    reason: str,
+) -> None:  # fmt: skip
+    edit = tether.Option("edit", "Edit", schema={
+        "type": "object", "required": ["arguments"],
+        "properties": {"arguments": {"type": "object", "properties": {
+            "version": {"type": "string"}}, "required": ["version"]}},
+    })  # fmt: skip
+    app = deploy_app(make_app, [], options=[*tether.APPROVE_REJECT, edit])
+    async with app:
+        await app.start("release", "1.0", id="rel-r")
+        ask = await pending(app, "rel-r")
+        with pytest.raises(tether.ApprovalRefused) as refused:
+            await app.decide(ask.id, option, reviewer=reviewer, response=response,
+                             operation_digest=digest or ask.operation_digest)  # fmt: skip
+        assert refused.value.reason == reason
+        assert (await app.get_approval(ask.id)).status == "pending"
+        assert not (await (await app.get("rel-r")).status()).terminal
+    [created, entry] = await app.approval_history(ask.id)
+    assert (created.event, entry.event, entry.actor) == ("created", "refused", reviewer)
+    assert entry.detail["reason"] == reason
+
+
+async def test_a_second_decision_is_refused_and_the_first_stands(make_app: MakeApp) -> None:
+    app = deploy_app(make_app, [])
+    async with app:
+        handle = await app.start("release", "1.0", id="rel-twice")
+        ask = await pending(app, "rel-twice")
+        await app.decide(ask.id, "reject", reviewer="alice", operation_digest=ask.operation_digest)
+        with pytest.raises(tether.ApprovalRefused) as refused:
+            await app.decide(ask.id, "approve", reviewer=tether.Reviewer("bob", {"sre"}),
+                             operation_digest=ask.operation_digest)  # fmt: skip
+        assert refused.value.reason == "already_decided"
+        assert (await handle.result(timeout=10))["status"] == "rejected"
+
+
+async def test_group_members_decide_and_separate_duties_refuse_the_starter(
+    make_app: MakeApp,
+) -> None:
+    app = deploy_app(make_app, [], separate_duties=True)
+    async with app:
+        handle = await app.start("release", "1.0", id="rel-sod", started_by="bob")
+        ask = await pending(app, "rel-sod")
+        bob = tether.Reviewer("bob", frozenset({"sre"}))
+        assert not ask.may_decide(bob)
+        with pytest.raises(tether.ApprovalRefused) as refused:
+            await app.decide(ask.id, "approve", reviewer=bob, operation_digest=ask.operation_digest)
+        assert refused.value.reason == "separate_duties"
+        dana = tether.Reviewer("dana", frozenset({"sre"}))
+        assert [a.id for a in await app.list_approvals(reviewer=dana)] == [ask.id]
+        assert await app.list_approvals(reviewer=bob) == []
+        await app.decide(ask.id, "approve", reviewer=dana, operation_digest=ask.operation_digest)
+        assert (await handle.result(timeout=10))["status"] == "approved"
+
+
+async def test_a_quorum_needs_distinct_approvers_and_resumes_only_when_met(
+    make_app: MakeApp,
+) -> None:
+    effects: list[str] = []
+    app = deploy_app(make_app, effects, required=2, reviewers=["group:sre"])
+    sre = [tether.Reviewer(n, frozenset({"sre"})) for n in ("ann", "ben")]
+    async with app:
+        handle = await app.start("release", "3.0", id="rel-q")
+        ask = await pending(app, "rel-q")
+        first = await app.decide(ask.id, "approve", reviewer=sre[0],
+                                 operation_digest=ask.operation_digest)  # fmt: skip
+        assert (first.status, first.approved, first.approvers) == ("pending", False, ("ann",))
+        with pytest.raises(tether.ApprovalRefused) as again:
+            await app.decide(ask.id, "approve", reviewer=sre[0],
+                             operation_digest=ask.operation_digest)  # fmt: skip
+        assert again.value.reason == "already_voted"
+        assert not (await (await app.get("rel-q")).status()).terminal
+        assert effects == []
+        second = await app.decide(ask.id, "approve", reviewer=sre[1],
+                                  operation_digest=ask.operation_digest)  # fmt: skip
+        assert (second.status, second.approvers) == ("approved", ("ann", "ben"))
+        assert (await handle.result(timeout=10))["status"] == "approved"
+    assert effects == ["3.0"]
+    events = [e.event for e in await app.approval_history(ask.id)]
+    assert events == ["created", "voted", "refused", "decided"]
+
+
+async def test_expiry_fails_closed_and_a_late_decision_is_refused() -> None:
+    clock = FakeClock()
+    app = deploy_app(lambda: fake_app(clock=clock), [])
+    async with app:
+        handle = await app.start("release", "1.0", id="rel-exp")
+        await run_until_idle(app, advance=False)
+        ask = await pending(app, "rel-exp")
+        clock.advance(timedelta(minutes=59))
+        assert (await app.get_approval(ask.id)).status == "pending"
+        await run_until_idle(app)  # the expiry timer is the next thing due
+        assert await handle.result(timeout=5) == {"status": "expired", "option": None}
+        with pytest.raises(tether.ApprovalRefused) as refused:
+            await app.decide(ask.id, "approve", reviewer="alice",
+                             operation_digest=ask.operation_digest)  # fmt: skip
+        assert refused.value.reason == "expired"
+    events = [e.event for e in await app.approval_history(ask.id)]
+    assert events == ["created", "expired", "refused"]
+
+
+async def test_a_decision_after_the_expiry_time_is_refused_before_the_run_notices() -> None:
+    clock = FakeClock()
+    app = deploy_app(lambda: fake_app(clock=clock), [])
+    async with app:
+        await app.start("release", "1.0", id="rel-late")
+        await run_until_idle(app, advance=False)
+        ask = await pending(app, "rel-late")
+        clock.set(clock.now() + 3601)  # no worker step in between: only the decide sees it
+        with pytest.raises(tether.ApprovalRefused) as refused:
+            await app.decide(ask.id, "approve", reviewer="alice",
+                             operation_digest=ask.operation_digest)  # fmt: skip
+        assert refused.value.reason == "expired"
+        assert (await app.get_approval(ask.id)).status == "expired"
+        await run_until_idle(app)
+        assert (await (await app.get("rel-late")).result(timeout=5))["status"] == "expired"
+
+
+async def test_an_edit_changes_the_operation_which_gets_its_own_digest(make_app: MakeApp) -> None:
+    app = make_app()
+    edit = tether.Option("edit", "Edit", schema={"type": "object", "required": ["arguments"]})
+
+    @app.workflow()
+    async def change(version: str) -> dict[str, Any]:
+        operation = {"tool": "deploy", "arguments": {"version": version}}
+        first = await tether.approval("Deploy?", operation=operation, reviewers=["alice"],
+                                      options=[*tether.APPROVE_REJECT, edit])  # fmt: skip
+        if first.status != "edit":
+            return {"first": first.status}
+        again = await tether.approval("Deploy the edited version?", operation=first.operation,
+                                      reviewers=["alice"])  # fmt: skip
+        return {"first": first.status, "operation": first.operation,
+                "digest": first.operation_digest, "second": again.status}  # fmt: skip
+
+    async with app:
+        handle = await app.start(change, "1.0", id="edit-1")
+        ask = await pending(app, "edit-1")
+        await app.decide(ask.id, "edit", reviewer="alice", operation_digest=ask.operation_digest,
+                         response={"arguments": {"version": "1.1"}})  # fmt: skip
+        async with asyncio.timeout(10):
+            while len(asks := await app.list_approvals(run_id="edit-1")) < 1 or asks[0].id == ask.id:
+                await asyncio.sleep(0.005)
+        second = asks[0]
+        edited = {"tool": "deploy", "arguments": {"version": "1.1"}}
+        assert second.operation == edited
+        assert second.operation_digest == tether.operation_digest("edit-1", "approval#2", edited)
+        await app.decide(second.id, "approve", reviewer="alice",
+                         operation_digest=second.operation_digest)  # fmt: skip
+        result = await handle.result(timeout=10)
+    assert result["first"] == "edit" and result["second"] == "approved"
+    assert result["operation"] == edited
+    assert result["digest"] == tether.operation_digest("edit-1", "approval", edited)
+    assert result["digest"] != ask.operation_digest
+
+
+async def test_the_outcome_is_reported_once_and_cancelling_an_approval_tells_the_run(
+    make_app: MakeApp,
+) -> None:
+    app = make_app()
+
+    @app.workflow()
+    async def two() -> list[str]:
+        seen = []
+        for title in ("first?", "second?"):
+            decision = await tether.approval(title, reviewers=["alice"])
+            await decision.report("done" if decision.approved else "skipped", detail={"t": title})
+            seen.append(decision.status)
+        return seen
+
+    async with app:
+        handle = await app.start(two, id="two")
+        first = await pending(app, "two")
+        await app.decide(first.id, "approve", reviewer="alice",
+                         operation_digest=first.operation_digest)  # fmt: skip
+        async with asyncio.timeout(10):
+            while not (second := await app.list_approvals(run_id="two")):
+                await asyncio.sleep(0.005)
+        cancelled = await app.cancel_approval(second[0].id, actor="ops", reason="not needed")
+        assert (cancelled.status, cancelled.approved) == ("cancelled", False)
+        assert await handle.result(timeout=10) == ["approved", "cancelled"]
+    history = await app.approval_history(first.id)
+    assert [e.event for e in history] == ["created", "decided", "outcome"]
+    assert history[-1].detail == {"outcome": "done", "detail": {"t": "first?"}}
+    assert [e.event for e in await app.approval_history(second[0].id)] == [
+        "created", "cancelled", "outcome"]  # fmt: skip
+
+
+async def test_cancelling_the_run_cancels_its_pending_approval(make_app: MakeApp) -> None:
+    app = deploy_app(make_app, [])
+    async with app:
+        handle = await app.start("release", "1.0", id="rel-c")
+        ask = await pending(app, "rel-c")
+        await handle.cancel()
+        with pytest.raises(tether.RunCancelled):
+            await handle.result(timeout=10)
+        assert (await app.get_approval(ask.id)).status == "cancelled"
+        with pytest.raises(tether.ApprovalRefused) as refused:
+            await app.decide(ask.id, "approve", reviewer="alice",
+                             operation_digest=ask.operation_digest)  # fmt: skip
+        assert refused.value.reason == "already_decided"
+
+
+async def test_looking_up_unknown_approvals_says_so(make_app: MakeApp) -> None:
+    app = make_app()
+    for call in (app.get_approval("nope"), app.approval_history("nope"),
+                 app.decide("nope", "approve", reviewer="a", operation_digest="x")):  # fmt: skip
+        with pytest.raises(tether.ApprovalNotFound, match="tether approvals list"):
+            await call
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"reviewers": []}, "needs reviewers"),
+        ({"reviewers": "alice"}, "needs reviewers"),
+        ({"reviewers": ["a"], "expires_in": timedelta(0)}, "must be positive"),
+        ({"reviewers": ["a"], "required": 0}, "required="),
+        ({"reviewers": ["a"], "options": [tether.Option("a", "A"), tether.Option("a", "B")]},
+         "distinct"),
+        ({"reviewers": ["a"], "response_schema": {"type": "nonsense"}}, "invalid JSON schema"),
+    ],
+)
+async def test_a_badly_asked_approval_fails_the_run_with_a_clear_error(
+    make_app: MakeApp, kwargs: dict[str, Any], message: str
+) -> None:
+    app = make_app()
+
+    @app.workflow()
+    async def ask() -> None:
+        await tether.approval("Title", **kwargs)
+
+    async with app:
+        handle = await app.start(ask, id="bad")
+        with pytest.raises(tether.RunFailed, match=message):
+            await handle.result(timeout=10)
+
+
+def test_options_are_checked_when_made() -> None:
+    with pytest.raises(tether.ConfigurationError, match="option id"):
+        tether.Option("Approve!", "x")
+    with pytest.raises(tether.ConfigurationError, match="style"):
+        tether.Option("ok", "OK", style="loud")
+
+
+# -- notifiers and webhooks -------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    async def approval_requested(self, approval: tether.Approval) -> None:
+        self.calls.append(("requested", approval.title))
+
+    async def approval_decided(self, approval: tether.Approval, decision: tether.Decision) -> None:
+        self.calls.append(("decided", decision.status))
+
+
+class Receiver(BaseHTTPRequestHandler):
+    fail_first = 1
+    seen: list[tuple[int, bytes, str, str]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server hook's name
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        code = 503 if len(self.seen) < self.fail_first else 200
+        self.seen.append((code, body, self.headers[webhooks.SIGNATURE_HEADER],
+                          self.headers["Idempotency-Key"]))  # fmt: skip
+        self.send_response(code)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver() -> Iterator[str]:
+    Receiver.seen = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/hook"
+    server.shutdown()
+    server.server_close()
+
+
+async def test_notifiers_are_told_once_and_the_webhook_is_signed_and_retried_by_key(
+    make_app: MakeApp, receiver: str
+) -> None:
+    recorder = Recorder()
+    app = make_app(notifiers=[recorder])
+    secret = "s" * 32
+    hook = tether.Webhook(receiver, secret, retry=tether.Retry(initial_delay=timedelta(0)))
+
+    @app.workflow()
+    async def hooked() -> str:
+        decision = await tether.approval("Go?", reviewers=["alice"], on_decision=hook)
+        return decision.status
+
+    async with app:
+        handle = await app.start(hooked, id="hooked")
+        ask = await pending(app, "hooked")
+        await app.decide(ask.id, "approve", reviewer="alice", operation_digest=ask.operation_digest)
+        assert await handle.result(timeout=10) == "approved"
+    assert recorder.calls == [("requested", "Go?"), ("decided", "approved")]
+    assert [code for code, *_ in Receiver.seen] == [503, 200]
+    (_, body, signature, key), (_, body2, signature2, key2) = Receiver.seen
+    assert key == key2 and key.startswith("tether-")
+    assert body == body2
+    webhooks.verify(secret, body2, signature2, now=time.time())
+    with pytest.raises(webhooks.WebhookSignatureError):
+        webhooks.verify("x" * 32, body2, signature2, now=time.time())
+    data = json.loads(body2)
+    assert (data["approval_id"], data["status"], data["reviewer"]) == (ask.id, "approved", "alice")
+    assert "context" not in data
