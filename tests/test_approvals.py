@@ -5,6 +5,7 @@ backend and in forced-replay mode."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import threading
 import time
@@ -449,3 +450,50 @@ async def test_notifiers_are_told_once_and_the_webhook_is_signed_and_retried_by_
     data = json.loads(body2)
     assert (data["approval_id"], data["status"], data["reviewer"]) == (ask.id, "approved", "alice")
     assert "context" not in data
+
+
+async def test_adding_or_removing_notifiers_never_breaks_the_replay_of_runs_in_flight(
+    make_store: Callable[[], Any],
+) -> None:
+    recorders = [Recorder()]
+
+    def build(notifiers: list[Recorder]) -> tether.App:
+        app = tether.App(store=make_store(), notifiers=notifiers)
+        app.engine.settings = dataclasses.replace(app.engine.settings, inline_wait_max=0.05)
+
+        @app.workflow()
+        async def twice() -> list[str]:
+            first = await tether.approval("one?", reviewers=["alice"])
+            second = await tether.approval("two?", reviewers=["alice"])
+            return [first.status, second.status]
+
+        return app
+
+    async def decide_next(app: tether.App, done: set[str]) -> None:
+        async with asyncio.timeout(10):
+            while not (asks := [a for a in await app.list_approvals() if a.id not in done]):
+                await asyncio.sleep(0.005)
+        done.add(asks[0].id)
+        await app.decide(asks[0].id, "approve", reviewer="alice",
+                         operation_digest=asks[0].operation_digest)  # fmt: skip
+
+    done: set[str] = set()
+    quiet = build([])
+    async with quiet:
+        await quiet.start("twice", id="flight")
+        await decide_next(quiet, done)
+        async with asyncio.timeout(10):  # suspended in its second wait
+            while len(await quiet.list_approvals(status=None)) < 2 or (
+                await (await quiet.get("flight")).status() is not RunStatus.WAITING
+            ):
+                await asyncio.sleep(0.005)
+    told = build([recorders[0]])  # the run resumes where a notifier now exists
+    async with told:
+        await decide_next(told, done)
+        assert await (await told.get("flight")).result(timeout=10) == ["approved", "approved"]
+        names = [c.name for c in await (await told.get("flight")).checkpoints()]
+    # The first approval was asked and decided without notifiers: its history holds no
+    # notification and its replay adds none. The second is told from where the run resumed.
+    assert recorders[0].calls == [("requested", "two?"), ("decided", "approved")]
+    assert names == ["approval", "approval:wait", "approval#2", "tether.notify",
+                     "approval#2:wait", "tether.notify#2"]  # fmt: skip

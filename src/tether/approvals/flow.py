@@ -84,7 +84,7 @@ async def approval(
         await ctx.write(Checkpoint(seq=seq, name=name, kind="approval", attempts=1,
                                    status=CheckpointStatus.COMPLETED, result=json.dumps(info),
                                    started_at=now, finished_at=now))  # fmt: skip
-    await notify(ctx.engine, aid, "requested")
+    await notify(ctx, aid, "requested")
     plan = Plan({"decision": EventWait(approval_key(aid)),
                  "expiry": TimerWait(at=info["expires_at"])})  # fmt: skip
     won, value = await wait(ctx, f"{name}:wait", "approval-wait", plan)
@@ -93,7 +93,7 @@ async def approval(
     decision = _decision(ctx, aid, name, value, operation, digest)
     if on_decision is not None:
         await deliver_webhook(on_decision, decision)
-    await notify(ctx.engine, aid, "decided")
+    await notify(ctx, aid, "decided")
     return decision
 
 

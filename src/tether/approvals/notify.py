@@ -25,6 +25,7 @@ from tether.errors import ConfigurationError, PermanentError
 from tether.webhooks import SIGNATURE_HEADER, sign
 
 if TYPE_CHECKING:
+    from tether.core.context import RunContext
     from tether.core.engine import Engine
 
 log = logging.getLogger("tether.approvals")
@@ -75,11 +76,19 @@ _NOTIFY: Step[..., None] = Step(
 )  # fmt: skip
 
 
-async def notify(engine: Engine, approval_id: str, what: str) -> None:
-    """Tell the App's notifiers (a checkpointed step, also when there are none, so that adding
-    a notifier later does not change the histories of runs in flight)."""
+async def notify(ctx: RunContext, approval_id: str, what: str) -> None:
+    """Tell the App's notifiers in a checkpointed step. Like `tether.patched`, it replays the
+    step where the history holds one and skips where the history holds something else, so
+    adding or removing notifiers never breaks the replay of runs in flight; with none, no
+    checkpoint is written."""
+    at = ctx.peek()
+    if at is not None:
+        if at.kind != "step" or at.name != ctx.next_name(_NOTIFY.name):
+            return  # recorded without notifiers
+    elif ctx.replaying() or not ctx.engine.notifiers:
+        return
     try:
-        await _NOTIFY(engine, approval_id, what)
+        await _NOTIFY(ctx.engine, approval_id, what)
     except Exception as exc:
         log.warning("notifiers failed for approval %s (%s): %s", approval_id, what, exc)
 
