@@ -29,6 +29,7 @@ demo: install
 bench: install
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/waits.py
+	$(BIN)/python bench/approvals.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -158,8 +158,11 @@ def langgraph_cycle(python: str, folder: Path, rounds: int) -> tuple[float, floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="fewer rounds")
-    parser.add_argument("--peer-python", default=os.environ.get("TETHER_PEER_PYTHON"),
-                        help="a Python with langgraph and langgraph-checkpoint-sqlite installed")  # fmt: skip
+    parser.add_argument(
+        "--peer-python",
+        default=os.environ.get("TETHER_PEER_PYTHON"),
+        help="a Python with langgraph and langgraph-checkpoint-sqlite installed",
+    )
     args = parser.parse_args()
     rounds = 30 if args.quick else 100
     with tempfile.TemporaryDirectory(prefix="tether-bench-", dir=ROOT / "bench") as tmp:

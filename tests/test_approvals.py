@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -75,9 +75,12 @@ async def test_an_approved_decision_resumes_the_run_which_acts_once(make_app: Ma
         assert [o.id for o in ask.options] == ["approve", "reject"]
         assert ask.starter == "carol"
         assert ask.operation_digest == tether.operation_digest("rel-1", "approval", OPERATION)
-        decision = await app.decide(ask.id, "approve", reviewer="alice",
-                                    operation_digest=ask.operation_digest, comment="ship it")  # fmt: skip
-        assert (decision.status, decision.approved, decision.reviewer) == ("approved", True, "alice")
+        decision = await app.decide(
+            ask.id, "approve", reviewer="alice", operation_digest=ask.operation_digest,
+            comment="ship it",
+        )  # fmt: skip
+        assert (decision.status, decision.reviewer) == ("approved", "alice")
+        assert decision.approved
         assert await handle.result(timeout=10) == {"status": "approved", "result": "deployed 1.2.3"}
     assert effects == ["1.2.3"]
     assert len(await app.list_approvals(status=None)) == 1  # replays never asked twice
@@ -276,7 +279,7 @@ async def test_an_edit_changes_the_operation_which_gets_its_own_digest(make_app:
         await app.decide(ask.id, "edit", reviewer="alice", operation_digest=ask.operation_digest,
                          response={"arguments": {"version": "1.1"}})  # fmt: skip
         async with asyncio.timeout(10):
-            while len(asks := await app.list_approvals(run_id="edit-1")) < 1 or asks[0].id == ask.id:
+            while not (asks := await app.list_approvals(run_id="edit-1")) or asks[0].id == ask.id:
                 await asyncio.sleep(0.005)
         second = asks[0]
         edited = {"tool": "deploy", "arguments": {"version": "1.1"}}
@@ -285,7 +288,8 @@ async def test_an_edit_changes_the_operation_which_gets_its_own_digest(make_app:
         await app.decide(second.id, "approve", reviewer="alice",
                          operation_digest=second.operation_digest)  # fmt: skip
         result = await handle.result(timeout=10)
-    assert result["first"] == "edit" and result["second"] == "approved"
+    assert result["first"] == "edit"
+    assert result["second"] == "approved"
     assert result["operation"] == edited
     assert result["digest"] == tether.operation_digest("edit-1", "approval", edited)
     assert result["digest"] != ask.operation_digest
@@ -353,8 +357,10 @@ async def test_looking_up_unknown_approvals_says_so(make_app: MakeApp) -> None:
         ({"reviewers": "alice"}, "needs reviewers"),
         ({"reviewers": ["a"], "expires_in": timedelta(0)}, "must be positive"),
         ({"reviewers": ["a"], "required": 0}, "required="),
-        ({"reviewers": ["a"], "options": [tether.Option("a", "A"), tether.Option("a", "B")]},
-         "distinct"),
+        (
+            {"reviewers": ["a"], "options": [tether.Option("a", "A"), tether.Option("a", "B")]},
+            "distinct",
+        ),
         ({"reviewers": ["a"], "response_schema": {"type": "nonsense"}}, "invalid JSON schema"),
     ],
 )
@@ -396,9 +402,9 @@ class Recorder:
 
 class Receiver(BaseHTTPRequestHandler):
     fail_first = 1
-    seen: list[tuple[int, bytes, str, str]] = []
+    seen: ClassVar[list[tuple[int, bytes, str, str]]] = []
 
-    def do_POST(self) -> None:  # noqa: N802 - the http.server hook's name
+    def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         code = 503 if len(self.seen) < self.fail_first else 200
         self.seen.append((code, body, self.headers[webhooks.SIGNATURE_HEADER],
@@ -441,8 +447,9 @@ async def test_notifiers_are_told_once_and_the_webhook_is_signed_and_retried_by_
         assert await handle.result(timeout=10) == "approved"
     assert recorder.calls == [("requested", "Go?"), ("decided", "approved")]
     assert [code for code, *_ in Receiver.seen] == [503, 200]
-    (_, body, signature, key), (_, body2, signature2, key2) = Receiver.seen
-    assert key == key2 and key.startswith("tether-")
+    (_, body, _signature, key), (_, body2, signature2, key2) = Receiver.seen
+    assert key == key2
+    assert key.startswith("tether-")
     assert body == body2
     webhooks.verify(secret, body2, signature2, now=time.time())
     with pytest.raises(webhooks.WebhookSignatureError):
@@ -497,3 +504,26 @@ async def test_adding_or_removing_notifiers_never_breaks_the_replay_of_runs_in_f
     assert recorders[0].calls == [("requested", "two?"), ("decided", "approved")]
     assert names == ["approval", "approval:wait", "approval#2", "tether.notify",
                      "approval#2:wait", "tether.notify#2"]  # fmt: skip
+
+
+def test_the_blocking_twin_lists_decides_and_reads_the_history(tmp_path: Any) -> None:
+    app = tether.App(f"sqlite:///{tmp_path}/sync.db")
+
+    @app.workflow()
+    async def ask() -> str:
+        return (await tether.approval("Sync?", reviewers=["alice"])).status
+
+    with app.sync as client:
+        handle = client.start(ask, id="sync-1")
+        deadline = time.monotonic() + 10
+        while not (found := client.list_approvals(run_id="sync-1")):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        shown = client.get_approval(found[0].id, viewer="alice")
+        decision = client.decide(shown.id, "approve", reviewer="alice",
+                                 operation_digest=shown.operation_digest)  # fmt: skip
+        assert decision.approved
+        assert handle.result(timeout=10) == "approved"
+        events = [e.event for e in client.approval_history(shown.id)]
+        assert events == ["created", "viewed", "decided"]
+        assert client.verify_approvals() == {shown.id: []}

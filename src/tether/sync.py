@@ -19,6 +19,7 @@ from tether.store.base import Checkpoint, RunStatus
 
 if TYPE_CHECKING:
     from tether.app import App
+    from tether.approvals.model import Approval, Decision, HistoryEntry, Reviewer
     from tether.core.workflow import Workflow
 
 T = TypeVar("T")
@@ -127,3 +128,34 @@ class SyncApp:
         limit: int = 100,
     ) -> list[RunInfo]:
         return self._portal.call(self._app.list_runs(status=status, workflow=workflow, limit=limit))
+
+    def list_approvals(
+        self, status: str | None = "pending", *, run_id: str | None = None,
+        reviewer: Reviewer | str | None = None, limit: int = 100,
+    ) -> list[Approval]:  # fmt: skip
+        listed = self._app.list_approvals(status, run_id=run_id, reviewer=reviewer, limit=limit)
+        return self._portal.call(listed)
+
+    def get_approval(self, approval_id: str, *, viewer: Reviewer | str | None = None) -> Approval:
+        return self._portal.call(self._app.get_approval(approval_id, viewer=viewer))
+
+    def decide(
+        self, approval_id: str, option: str, *, reviewer: Reviewer | str, operation_digest: str,
+        comment: str | None = None, response: object = None,
+    ) -> Decision:  # fmt: skip
+        return self._portal.call(self._app.decide(
+            approval_id, option, reviewer=reviewer, operation_digest=operation_digest,
+            comment=comment, response=response,
+        ))  # fmt: skip
+
+    def cancel_approval(
+        self, approval_id: str, *, actor: str | None = None, reason: str = "cancelled"
+    ) -> Decision:
+        return self._portal.call(self._app.cancel_approval(approval_id, actor=actor,
+                                                           reason=reason))  # fmt: skip
+
+    def approval_history(self, approval_id: str) -> list[HistoryEntry]:
+        return self._portal.call(self._app.approval_history(approval_id))
+
+    def verify_approvals(self, approval_id: str | None = None) -> dict[str, list[str]]:
+        return self._portal.call(self._app.verify_approvals(approval_id))

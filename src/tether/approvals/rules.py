@@ -80,10 +80,10 @@ def vote(v: Vote) -> ChangeFn:
         if run_status is None or run_status in _TERMINAL:
             return _refuse("run_ended", f"its run has ended ({run_status or 'gone'})", who, **asked)
         if now >= record.expires_at:
-            refused = Note("refused", who, {"reason": "expired", **asked,
-                                            "message": "the approval expired before this decision"})  # fmt: skip
+            late = "the approval expired before this decision"
+            refused = Note("refused", who, {"reason": "expired", "message": late, **asked})
             closing = _close(record, EXPIRED, None, {"reason": "expired"}, now, refused)
-            return replace(closing, refused="expired: the approval expired before this decision")
+            return replace(closing, refused=f"expired: {late}")
         if v.operation_digest != record.operation_digest:
             return _refuse("stale_digest", "the operation digest does not match the operation "
                            "of this approval: look at the approval again and decide what it "
@@ -121,7 +121,8 @@ def vote(v: Vote) -> ChangeFn:
 
 
 def _invalid_response(record: ApprovalRecord, schema: object, response: Any) -> str | None:
-    schemas = [s for s in (schema, json.loads(record.response_schema or "null")) if s]
+    given = (schema, json.loads(record.response_schema or "null"))
+    schemas: list[dict[str, Any]] = [s for s in given if isinstance(s, dict) and s]
     if not schemas:
         return None if response is None else "this option takes no response"
     for each in schemas:
