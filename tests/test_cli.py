@@ -497,7 +497,9 @@ def test_every_command_and_option_has_help_text_and_help_exits_0() -> None:
         assert result.exit_code == 0, result.output
         assert "Usage:" in result.output
     assert set(seen) >= {"", "runs", "runs list", "runs show", "runs cancel", "events",
-                         "events send", "replay-check", "worker"}  # fmt: skip
+                         "events send", "replay-check", "worker", "approvals", "approvals list",
+                         "approvals show", "approvals approve", "approvals reject",
+                         "approvals history", "approvals verify"}  # fmt: skip
 
 
 WORKER_MODULE = """

@@ -122,7 +122,7 @@ def vote(v: Vote) -> ChangeFn:
 
 def _invalid_response(record: ApprovalRecord, schema: object, response: Any) -> str | None:
     given = (schema, json.loads(record.response_schema or "null"))
-    schemas: list[dict[str, Any]] = [s for s in given if isinstance(s, dict) and s]
+    schemas: list[dict[str, Any]] = [s for s in given if isinstance(s, dict)]
     if not schemas:
         return None if response is None else "this option takes no response"
     for each in schemas:

@@ -1,0 +1,464 @@
+"""`tether approvals list | show | approve | reject | history | verify`: what reviewers and
+auditors do from a terminal: find approvals, read one (redacted), decide it bound to the digest
+they saw, and read or verify the hash-chained audit trail.
+
+It must not judge a decision, write the audit trail or talk SQL: App.decide and the store's rules
+do that. It parses, calls the App and renders, printing user text (titles, comments) literally.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from typing import Any
+
+import click
+from click.core import ParameterSource
+from rich.highlighter import JSONHighlighter
+from rich.text import Text
+
+from tether.app import App
+from tether.approvals.model import Approval, Decision, HistoryEntry, Option, Reviewer
+from tether.cli.common import (
+    CliError,
+    F,
+    console,
+    database_options,
+    fields_grid,
+    iso,
+    new_table,
+    relative_time,
+    run_with_app,
+    short_time,
+    status_text,
+)
+from tether.errors import ApprovalRefused
+
+STATUSES = ("pending", "approved", "rejected", "expired", "cancelled", "all")
+OPEN = ("pending", "expired")  # statuses whose expiry still matters
+
+
+class Refused(CliError):
+    """A decision the library refused: `refused (<reason>): <message>` on stderr, exit 1."""
+
+    prefix = ""
+
+
+def json_text(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+    """An option value given as JSON text, decoded (a usage error, exit 2, if it is not JSON)."""
+    if value is None:
+        return None
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        example = """'{"arguments": {"version": "1.2.4"}}'"""
+        raise click.BadParameter(
+            f"{value!r} is not JSON text ({exc.msg} at character {exc.pos}); quote it whole "
+            f"for the shell, e.g. {example}",
+            ctx,
+            param,
+        ) from None
+
+
+# -- JSON and text forms ----------------------------------------------------------------------
+
+
+def takes_response(option: Option, approval: Approval) -> bool:
+    return option.schema is not None or approval.response_schema is not None
+
+
+def decision_json(decision: Decision) -> dict[str, Any]:
+    return {
+        "approval_id": decision.approval_id, "status": decision.status,
+        "option": decision.option, "reviewer": decision.reviewer, "comment": decision.comment,
+        "decided_at": iso(decision.decided_at), "response": decision.response,
+        "approvers": list(decision.approvers), "run_id": decision.run_id, "step": decision.step,
+        "operation_digest": decision.operation_digest,
+    }  # fmt: skip
+
+
+def approval_json(a: Approval) -> dict[str, Any]:
+    options = [{**o.to_json(), "takes_response": takes_response(o, a)} for o in a.options]
+    return {
+        "id": a.id, "title": a.title, "description": a.description, "status": a.status,
+        "run_id": a.run_id, "step": a.step, "reviewers": list(a.reviewers),
+        "required": a.required, "approvers": list(a.approvers),
+        "separate_duties": a.separate_duties, "starter": a.starter,
+        "created_at": iso(a.created_at), "expires_at": iso(a.expires_at),
+        "operation": a.operation, "operation_digest": a.operation_digest, "context": a.context,
+        "options": options, "response_schema": a.response_schema,
+        "decision": None if a.decision is None else decision_json(a.decision),
+        "outcomes": list(a.outcomes),
+    }  # fmt: skip
+
+
+def history_json(entry: HistoryEntry) -> dict[str, Any]:
+    return {"seq": entry.seq, "at": iso(entry.at), "event": entry.event, "actor": entry.actor,
+            "detail": entry.detail, "hash": entry.hash}  # fmt: skip
+
+
+def pretty_json(value: object) -> Text:
+    """Indented, highlighted JSON as plain text: nothing in it is read as markup."""
+    return JSONHighlighter()(Text(json.dumps(value, indent=2, ensure_ascii=False)))
+
+
+def votes_text(a: Approval) -> str:
+    """`1 of 2 approvals (alice)`: the quorum so far."""
+    names = f" ({', '.join(a.approvers)})" if a.approvers else ""
+    return f"{len(a.approvers)} of {a.required} approvals{names}"
+
+
+def decide_commands(ctx: click.Context, a: Approval) -> list[str]:
+    """The commands that decide `a` as its options allow, with the database options this
+    command was given, so they can be pasted as they are."""
+    base = " ".join(["tether", "approvals", *map(shlex.quote, ctx.obj["prefix"])])
+    tail = f"{shlex.quote(a.id)} --as <you> --digest {a.operation_digest}"
+    lines = []
+    for option in a.options:
+        response = " --response JSON" if takes_response(option, a) else ""
+        if option.id in ("approve", "reject"):
+            lines.append(f"{base} {option.id} {tail}{response}")
+        else:
+            lines.append(f"{base} approve {tail} --option {option.id}{response}")
+    return lines
+
+
+# -- options ----------------------------------------------------------------------------------
+
+
+def reviewer_of(name: str | None, groups: tuple[str, ...], flag: str) -> Reviewer | None:
+    if name is None:
+        if groups:
+            raise click.UsageError(f"--group needs {flag} NAME: it names that reviewer's groups")
+        return None
+    return Reviewer(name, frozenset(groups))
+
+
+def group_option(command: F) -> F:
+    return click.option(
+        "--group",
+        "groups",
+        multiple=True,
+        metavar="G",
+        help="A group the reviewer belongs to (repeat for several): admits approvals whose "
+        "reviewers include `group:G`.",
+    )(command)
+
+
+def decide_options(command: F) -> F:
+    """--as, --group, --digest and --comment: who decides, bound to what they saw."""
+    command = click.option(
+        "--comment", metavar="TEXT", help="Why; kept with the decision and in the audit trail."
+    )(command)
+    command = click.option(
+        "--digest",
+        required=True,
+        metavar="DIGEST",
+        help="The operation digest that `tether approvals show ID` printed. It binds your "
+        "decision to the operation you saw: if the operation differs, the decision is refused "
+        "(stale_digest).",
+    )(command)
+    command = group_option(command)
+    return click.option(
+        "--as", "name", required=True, metavar="NAME", help="Decide as this reviewer."
+    )(command)
+
+
+# -- commands ---------------------------------------------------------------------------------
+
+
+@click.group()
+@database_options
+@click.pass_context
+def approvals(ctx: click.Context, database: str, app_ref: str | None) -> None:
+    """List, inspect and decide approvals; read and verify their audit trails."""
+    prefix = []  # how the pasteable commands of `show` choose this database
+    if app_ref:
+        prefix = ["--app", app_ref]
+    elif ctx.get_parameter_source("database") is ParameterSource.COMMANDLINE:
+        prefix = ["--database", database]
+    ctx.obj = {"database": database, "app": app_ref, "prefix": prefix}
+
+
+@approvals.command("list")
+@click.option(
+    "--status",
+    "-s",
+    type=click.Choice(STATUSES),
+    default="pending",
+    show_default=True,
+    help="Only approvals in this status (`all`: any). A pending approval past its expiry "
+    "counts as expired.",
+)
+@click.option("--run", "run_id", metavar="RUN", help="Only the approvals of this run.")
+@click.option("--reviewer", metavar="NAME", help="Only approvals this reviewer may decide.")
+@group_option
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="At most this many approvals, oldest first.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
+@click.pass_context
+def approvals_list(
+    ctx: click.Context,
+    status: str,
+    run_id: str | None,
+    reviewer: str | None,
+    groups: tuple[str, ...],
+    limit: int,
+    as_json: bool,
+) -> None:
+    """List approvals, oldest first (pending ones by default)."""
+    who = reviewer_of(reviewer, groups, "--reviewer")
+    wanted = None if status == "all" else status
+    found = run_with_app(
+        ctx, lambda app: app.list_approvals(wanted, run_id=run_id, reviewer=who, limit=limit)
+    )
+    if as_json:
+        click.echo(json.dumps([approval_json(a) for a in found], indent=2))
+        return
+    if not found:
+        console().print("no approvals" if wanted is None else f"no {wanted} approvals", style="dim")
+        return
+    quorum = any(a.required > 1 for a in found)
+    table = new_table("id", "title", "status", "run", "reviewers", "expires",
+                      *(["approvals"] if quorum else []))  # fmt: skip
+    for a in found:
+        expires = Text(relative_time(a.expires_at)) if a.status in OPEN else Text("-", "dim")
+        votes = [votes_text(a) if a.required > 1 else ""] if quorum else []
+        table.add_row(Text(a.id), Text(a.title), status_text(a.status), Text(a.run_id),
+                      Text(", ".join(a.reviewers)), expires, *map(Text, votes))  # fmt: skip
+    console().print(table)
+
+
+@approvals.command("show")
+@click.argument("approval_id", metavar="ID")
+@click.option(
+    "--as",
+    "name",
+    metavar="NAME",
+    help="View as this reviewer: the view is recorded in the audit trail (event `viewed`).",
+)
+@group_option
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@click.pass_context
+def approvals_show(
+    ctx: click.Context, approval_id: str, name: str | None, groups: tuple[str, ...], as_json: bool
+) -> None:
+    """Show one approval: what it asks, the operation and context (secrets redacted), its
+    options, its operation digest, its decision, and the commands that decide it."""
+    who = reviewer_of(name, groups, "--as")
+    a = run_with_app(ctx, lambda app: app.get_approval(approval_id, viewer=who))
+    commands = decide_commands(ctx, a) if a.status == "pending" else []
+    if as_json:
+        click.echo(json.dumps({**approval_json(a), "commands": commands}, indent=2))
+        return
+    out = console()
+    out.print(Text(a.title, style="bold"))
+    if a.description:
+        out.print(Text(a.description))
+    out.print()
+    expires = f"{short_time(a.expires_at)} UTC"
+    if a.status in OPEN:
+        expires += f" ({relative_time(a.expires_at)})"
+    rows: list[tuple[str, str | Text]] = [
+        ("id", Text(a.id)), ("status", status_text(a.status)),
+        ("run", Text(f"{a.run_id} (step {a.step})")), ("reviewers", Text(", ".join(a.reviewers))),
+        ("required", Text(votes_text(a) if a.required > 1 else "1 approval")),
+    ]  # fmt: skip
+    if a.separate_duties:
+        rows.append(("separate duties", Text(f"yes: {a.starter or 'nobody'} may not decide")))
+    if a.starter:
+        rows.append(("started by", Text(a.starter)))
+    rows += [("created", f"{short_time(a.created_at)} UTC"), ("expires", expires),
+             ("digest", Text(a.operation_digest))]  # fmt: skip
+    if who is not None:
+        rows.append(("you may decide", "yes" if a.may_decide(who) else "no"))
+    out.print(fields_grid(rows))
+    for title, value in (("operation", a.operation), ("context", a.context)):
+        out.print(Text(f"\n{title}", style="bold"))
+        out.print(pretty_json(value))
+    out.print()
+    options = new_table("id", "label", "style", "response", title="options")
+    for o in a.options:
+        options.add_row(Text(o.id), Text(o.label), Text(o.style),
+                        "JSON (see its schema)" if takes_response(o, a) else "none")  # fmt: skip
+    out.print(options)
+    if a.decision is not None:
+        show_decision(a.decision)
+    for entry in a.outcomes:
+        out.print(Text("outcome ", style="bold") + Text(str(entry.get("outcome"))))
+        if entry.get("detail") is not None:
+            out.print(pretty_json(entry.get("detail")))
+    if commands:
+        out.print(Text("\nto decide (--digest binds your decision to the operation above):",
+                       style="bold"))  # fmt: skip
+        pasteable = console(soft_wrap=True)  # a command is never broken over lines
+        for line in commands:
+            pasteable.print(Text(f"  {line}"))
+
+
+def show_decision(decision: Decision) -> None:
+    rows: list[tuple[str, str | Text]] = [("status", status_text(decision.status))]
+    if decision.option:
+        rows.append(("option", Text(decision.option)))
+    if decision.reviewer:
+        rows.append(("by", Text(decision.reviewer)))
+    if len(decision.approvers) > 1:
+        rows.append(("approvers", Text(", ".join(decision.approvers))))
+    if decision.decided_at is not None:
+        rows.append(("at", f"{short_time(decision.decided_at)} UTC"))
+    if decision.comment:
+        rows.append(("comment", Text(decision.comment)))
+    out = console()
+    out.print(Text("\ndecision", style="bold"))
+    out.print(fields_grid(rows))
+    if decision.response is not None:
+        out.print(Text("response", style="bold"))
+        out.print(pretty_json(decision.response))
+
+
+def decide_and_print(
+    ctx: click.Context,
+    approval_id: str,
+    option: str,
+    reviewer: Reviewer,
+    digest: str,
+    comment: str | None,
+    response: Any,
+    as_json: bool,
+) -> None:
+    async def work(app: App) -> tuple[Decision, Approval]:
+        decision = await app.decide(approval_id, option, reviewer=reviewer,
+                                    operation_digest=digest, comment=comment,
+                                    response=response)  # fmt: skip
+        return decision, await app.get_approval(approval_id)
+
+    try:
+        decision, approval = run_with_app(ctx, work)
+    except ApprovalRefused as exc:
+        raise Refused(f"refused ({exc.reason}): {exc}") from exc
+    if as_json:
+        click.echo(json.dumps({**decision_json(decision), "required": approval.required},
+                              indent=2))  # fmt: skip
+        return
+    line = Text(f"{approval_id}: ") + status_text(decision.status)
+    if decision.status == "pending":
+        line += Text(f": {votes_text(approval)}")
+    else:
+        line += Text(f" by {decision.reviewer}")
+        if len(decision.approvers) > 1:
+            line += Text(f" (approvers: {', '.join(decision.approvers)})")
+    console().print(line)
+
+
+@approvals.command("approve")
+@click.argument("approval_id", metavar="ID")
+@decide_options
+@click.option(
+    "--option",
+    default="approve",
+    show_default=True,
+    metavar="OPTION",
+    help="Decide with this option instead, e.g. a custom `edit` (`show` lists the options).",
+)
+@click.option(
+    "--response",
+    metavar="JSON",
+    callback=json_text,
+    help="The option's response as JSON text, checked against its schema, e.g. "
+    '\'{"arguments": {"version": "1.2.4"}}\' for an edit.',
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the decision as a JSON object.")
+@click.pass_context
+def approvals_approve(
+    ctx: click.Context,
+    approval_id: str,
+    name: str,
+    groups: tuple[str, ...],
+    digest: str,
+    comment: str | None,
+    option: str,
+    response: Any,
+    as_json: bool,
+) -> None:
+    """Approve the approval ID as reviewer --as NAME (or decide it with another --option).
+
+    --digest is the operation digest that `tether approvals show ID` prints: the decision is
+    bound to the operation you saw, and refused if it differs. When several approvals are
+    required, each counts once until enough distinct reviewers approved. A refusal (wrong
+    reviewer, stale digest, expired, already decided, ...) prints its reason and exits 1.
+    """
+    reviewer = Reviewer(name, frozenset(groups))
+    decide_and_print(ctx, approval_id, option, reviewer, digest, comment, response, as_json)
+
+
+@approvals.command("reject")
+@click.argument("approval_id", metavar="ID")
+@decide_options
+@click.option("--json", "as_json", is_flag=True, help="Print the decision as a JSON object.")
+@click.pass_context
+def approvals_reject(
+    ctx: click.Context,
+    approval_id: str,
+    name: str,
+    groups: tuple[str, ...],
+    digest: str,
+    comment: str | None,
+    as_json: bool,
+) -> None:
+    """Reject the approval ID as reviewer --as NAME: its run sees `rejected`, not approved.
+
+    --digest is the operation digest that `tether approvals show ID` prints: the decision is
+    bound to the operation you saw, and refused if it differs. A refusal prints its reason and
+    exits 1.
+    """
+    reviewer = Reviewer(name, frozenset(groups))
+    decide_and_print(ctx, approval_id, "reject", reviewer, digest, comment, None, as_json)
+
+
+@approvals.command("history")
+@click.argument("approval_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
+@click.pass_context
+def approvals_history(ctx: click.Context, approval_id: str, as_json: bool) -> None:
+    """Show the audit trail of approval ID, oldest first: when, what, who, and the detail."""
+    entries = run_with_app(ctx, lambda app: app.approval_history(approval_id))
+    if as_json:
+        click.echo(json.dumps([history_json(e) for e in entries], indent=2))
+        return
+    table = new_table("#", "at", "event", "actor", "detail")
+    for e in entries:
+        detail = json.dumps(e.detail, sort_keys=True, ensure_ascii=False) if e.detail else ""
+        table.add_row(str(e.seq), short_time(e.at), Text(e.event), Text(e.actor or ""),
+                      Text(detail))  # fmt: skip
+    console().print(table)
+
+
+@approvals.command("verify")
+@click.argument("approval_id", metavar="[ID]", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
+@click.pass_context
+def approvals_verify(ctx: click.Context, approval_id: str | None, as_json: bool) -> None:
+    """Verify the hash-chained audit trail of every approval (or of approval ID).
+
+    Names each approval whose trail was edited, cut short or had entries deleted, with what
+    is wrong; exits 1 if any is broken, 0 if all are intact.
+    """
+    checked = run_with_app(ctx, lambda app: app.verify_approvals(approval_id))
+    broken = {aid: problems for aid, problems in checked.items() if problems}
+    if as_json:
+        rows = [{"id": aid, "problems": problems} for aid, problems in broken.items()]
+        click.echo(json.dumps({"verified": len(checked), "broken": rows}, indent=2))
+    else:
+        out = console()
+        for aid, problems in broken.items():
+            out.print(Text(f"{aid}: ", style="bold red") + Text("; ".join(problems)))
+        summary = f"{len(checked)} approvals verified, {len(broken)} broken"
+        out.print(summary, style="red" if broken else "green")
+    if broken:
+        ctx.exit(1)

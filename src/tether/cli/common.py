@@ -1,0 +1,194 @@
+"""What every command of the `tether` command line shares: the database options, loading an
+App from `module:attribute`, running library calls on an event loop, errors without tracebacks,
+and the rendering helpers (tables, statuses, times, a console that prints user text literally).
+
+It must not know any one command, hold engine logic, talk SQL or import a backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tether.app import App
+from tether.errors import ConfigurationError, TetherError
+from tether.store import database_exists, default_url
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+APP_FORM = "module:attribute, e.g. `myproject.main:app`"
+STATUS_STYLE = {  # the statuses of runs, checkpoints and approvals
+    "pending": "yellow", "running": "blue", "waiting": "cyan", "succeeded": "green",
+    "failed": "red", "cancelled": "magenta", "started": "yellow", "retrying": "cyan",
+    "completed": "green", "approved": "green", "rejected": "red", "expired": "magenta",
+}  # fmt: skip
+
+
+class CliError(click.ClickException):
+    """A TetherError shown as one red `error: ...` line on stderr (exit code 1)."""
+
+    prefix = "error: "
+
+    def show(self, file: Any = None) -> None:
+        Console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"{self.prefix}{self.message}", style="red", markup=False, emoji=False
+        )
+
+
+class TetherGroup(click.Group):
+    """The root group: turns library errors into CliError, so users see no traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TetherError as exc:
+            raise CliError(str(exc)) from exc
+
+
+def console(*, stderr: bool = False, soft_wrap: bool = False) -> Console:
+    """A console that prints strings literally: titles, comments and error messages come from
+    users and workflows, so `[red]` or `:smile:` in them is text, never markup or an emoji."""
+    return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=soft_wrap)
+
+
+def load_app(ref: str) -> App:
+    """The App named by `module:attribute`, imported with the current directory on sys.path."""
+    module_name, sep, attr = ref.partition(":")
+    if not sep or not module_name.strip() or not attr.strip():
+        raise ConfigurationError(f"cannot load {ref!r}: expected {APP_FORM}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (module_name + ".").startswith(exc.name + "."):
+            raise  # the module exists but one of its own imports failed: show that
+        raise ConfigurationError(
+            f"cannot load {ref!r}: no module named {exc.name!r} (looked in {os.getcwd()} and "
+            f"sys.path); expected {APP_FORM}"
+        ) from None
+    obj: object = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ConfigurationError(
+                f"cannot load {ref!r}: module {module_name!r} has no attribute {attr!r}; "
+                f"expected {APP_FORM}"
+            )
+        obj = getattr(obj, part)
+    if not isinstance(obj, App):
+        raise ConfigurationError(
+            f"cannot load {ref!r}: it is {type(obj).__name__}, not a tether.App; "
+            f"expected {APP_FORM}"
+        )
+    return obj
+
+
+def require_database(url: str, hint: str) -> None:
+    """Refuse a database that does not exist yet: opening it would create an empty one."""
+    if not database_exists(url):
+        raise ConfigurationError(f"no database at {url!r}; {hint}")
+
+
+def database_options(group: F) -> F:
+    """The options choosing the database of a group's commands: --database URL or --app."""
+    group = click.option(
+        "--app",
+        "app_ref",
+        metavar="MODULE:APP",
+        help="Use this App's database and workflows (values decode with their type "
+        "hints); overrides --database.",
+    )(group)
+    return click.option(
+        "--database",
+        "-d",
+        metavar="URL",
+        envvar="TETHER_DATABASE_URL",
+        default=default_url,
+        show_default="$TETHER_DATABASE_URL or sqlite:///tether.db",
+        help="Database URL of the runs, e.g. sqlite:///path/to/tether.db.",
+    )(group)
+
+
+def run_with_app(ctx: click.Context, work: Callable[[App], Awaitable[T]]) -> T:
+    """Open the App chosen by the database options of the command's group, run `work` with it,
+    and close it."""
+    app_ref: str | None = ctx.obj["app"]
+    if not app_ref:
+        require_database(
+            ctx.obj["database"],
+            "pass --database URL (or set TETHER_DATABASE_URL), or --app module:app",
+        )
+    return run_app(load_app(app_ref) if app_ref else App(ctx.obj["database"]), work)
+
+
+def run_app(app: App, work: Callable[[App], Awaitable[T]]) -> T:
+    """Run `work` with `app` on a new event loop, and close the App afterwards."""
+
+    async def main() -> T:
+        try:
+            return await work(app)
+        finally:
+            await app.close()
+
+    return asyncio.run(main())
+
+
+# -- rendering ------------------------------------------------------------------------------
+
+
+def iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def short_time(moment: datetime | None) -> str:
+    return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def relative_time(moment: datetime, now: datetime | None = None) -> str:
+    """`in 2h 5m` or `3m ago`: the two largest units of the distance from now."""
+    seconds = int((moment - (now or datetime.now(UTC))).total_seconds())
+    parts: list[str] = []
+    rest = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if rest >= size or (unit == "s" and not parts):
+            parts.append(f"{rest // size}{unit}")
+            rest %= size
+        if len(parts) == 2:
+            break
+    text = " ".join(parts)
+    return f"in {text}" if seconds >= 0 else f"{text} ago"
+
+
+def status_text(status: str) -> Text:
+    return Text(status, style=STATUS_STYLE.get(status, ""))
+
+
+def new_table(*columns: str, title: str | None = None) -> Table:
+    """A borderless table; numbers align right, ids and statuses never wrap (times may)."""
+    table = Table(box=None, header_style="bold", title=title, title_justify="left")
+    for name in columns:
+        number = name in ("#", "attempt", "attempts", "ms", "position")
+        keep = name in ("id", "run id", "name", "status")
+        table.add_column(name, justify="right" if number else "left", overflow="fold",
+                         min_width=len(name), no_wrap=keep)  # fmt: skip
+    return table
+
+
+def fields_grid(rows: list[tuple[str, str | Text]]) -> Table:
+    """Name/value pairs, one a line, names in bold."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for name, value in rows:
+        grid.add_row(name, value)
+    return grid

@@ -1,0 +1,172 @@
+"""`tether runs list | show | cancel`: look at runs and their steps, and cancel them.
+
+Parses arguments, calls App and RunHandle, and renders what they return as tables or JSON. It
+must not hold engine logic or talk SQL: what it needs beyond printing belongs in the library.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import click
+from rich.pretty import Pretty
+from rich.text import Text
+
+from tether.app import App
+from tether.cli.common import (
+    console,
+    database_options,
+    fields_grid,
+    iso,
+    new_table,
+    run_with_app,
+    short_time,
+    status_text,
+)
+from tether.core.handle import RunInfo
+from tether.store.base import Checkpoint, RunStatus
+
+
+def first_line(error: dict[str, Any] | None) -> str:
+    if not error:
+        return ""
+    message = str(error.get("message", "")).strip().splitlines()
+    return f"{error.get('type', 'Error')}: {message[0] if message else ''}"
+
+
+def run_json(info: RunInfo) -> dict[str, Any]:
+    error = info.error or {}
+    return {
+        "id": info.id, "workflow": info.workflow, "status": str(info.status),
+        "attempt": info.attempt, "owner": info.owner, "created_at": iso(info.created_at),
+        "updated_at": iso(info.updated_at), "finished_at": iso(info.finished_at),
+        "error_type": error.get("type"), "error_message": error.get("message"),
+    }  # fmt: skip
+
+
+def checkpoint_json(cp: Checkpoint) -> dict[str, Any]:
+    duration = None
+    if cp.started_at is not None and cp.finished_at is not None:
+        duration = round((cp.finished_at - cp.started_at) * 1000, 3)
+    return {
+        "seq": cp.seq, "name": cp.name, "kind": cp.kind, "status": str(cp.status),
+        "attempts": cp.attempts, "duration_ms": duration,
+        "result": None if cp.result is None else json.loads(cp.result),
+        "error": None if cp.error is None else json.loads(cp.error),
+    }  # fmt: skip
+
+
+@click.group()
+@database_options
+@click.pass_context
+def runs(ctx: click.Context, database: str, app_ref: str | None) -> None:
+    """List, inspect and cancel runs."""
+    ctx.obj = {"database": database, "app": app_ref}
+
+
+@runs.command("list")
+@click.option(
+    "--status",
+    "-s",
+    type=click.Choice([s.value for s in RunStatus]),
+    help="Only runs in this status.",
+)
+@click.option("--workflow", "-w", metavar="NAME", help="Only runs of this workflow.")
+@click.option(
+    "--limit",
+    "-n",
+    type=click.IntRange(min=1),
+    default=50,
+    show_default=True,
+    help="At most this many runs, newest first.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array instead of a table.")
+@click.pass_context
+def runs_list(
+    ctx: click.Context, status: str | None, workflow: str | None, limit: int, as_json: bool
+) -> None:
+    """List runs, newest first (times in UTC)."""
+    infos = run_with_app(
+        ctx, lambda app: app.list_runs(status=status, workflow=workflow, limit=limit)
+    )
+    if as_json:
+        click.echo(json.dumps([run_json(i) for i in infos], indent=2))
+        return
+    if not infos:
+        console().print("no runs", style="dim")
+        return
+    table = new_table("id", "workflow", "status", "attempt", "created", "updated", "error")
+    for i in infos:
+        times = short_time(i.created_at), short_time(i.finished_at or i.updated_at)
+        error_type = (i.error or {}).get("type", "")
+        table.add_row(i.id, i.workflow, status_text(i.status), str(i.attempt), *times, error_type)
+    console().print(table)
+
+
+@runs.command("show")
+@click.argument("run_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of tables.")
+@click.pass_context
+def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
+    """Show one run: its fields, its steps, and its result or error."""
+
+    async def work(app: App) -> tuple[RunInfo, list[Checkpoint], object, object]:
+        handle = await app.get(run_id)
+        info = await handle.info()
+        result = await handle.result() if info.status is RunStatus.SUCCEEDED else None
+        # For --json: the decoded result in its stored JSON form.
+        encoded = json.loads(app.engine.serde.dumps(result, what="result"))
+        return info, await handle.checkpoints(), result, encoded
+
+    info, checkpoints, result, encoded = run_with_app(ctx, work)
+    if as_json:
+        steps_json = [checkpoint_json(c) for c in checkpoints]
+        doc = {**run_json(info), "result": encoded, "error": info.error, "checkpoints": steps_json}
+        click.echo(json.dumps(doc, indent=2))
+        return
+    out = console()
+    out.print(fields_grid([
+        ("id", info.id), ("workflow", info.workflow), ("status", status_text(info.status)),
+        ("attempt", str(info.attempt)), ("owner", info.owner or ""),
+        ("created", short_time(info.created_at)), ("updated", short_time(info.updated_at)),
+        ("finished", short_time(info.finished_at)),
+    ]))  # fmt: skip
+    steps = new_table("#", "name", "kind", "status", "attempts", "ms", "error", title="steps")
+    for cp in checkpoints:
+        row = checkpoint_json(cp)
+        ms = "" if row["duration_ms"] is None else f"{row['duration_ms']:.1f}"
+        steps.add_row(str(cp.seq), cp.name, cp.kind, status_text(cp.status), str(cp.attempts),
+                      ms, first_line(row["error"]))  # fmt: skip
+    out.print(steps if checkpoints else Text("no steps recorded", style="dim"))
+    if info.status is RunStatus.SUCCEEDED:
+        out.print(Text("result", style="bold"), Pretty(result))
+    elif info.error:
+        out.print(Text("error ", style="bold red") + Text(first_line(info.error)))
+        if info.error.get("traceback"):
+            out.print(Text(str(info.error["traceback"]).rstrip(), style="dim"))
+
+
+@runs.command("cancel")
+@click.argument("run_id", metavar="ID")
+@click.pass_context
+def runs_cancel(ctx: click.Context, run_id: str) -> None:
+    """Cancel a run and print its status afterwards.
+
+    A pending or waiting run ends at once (`cancelled`); a run that a worker holds ends at its
+    next await (`running (cancel requested)`). Cancelling a finished run changes nothing.
+    """
+
+    async def work(app: App) -> tuple[RunStatus, RunStatus]:
+        handle = await app.get(run_id)
+        before = await handle.status()
+        await handle.cancel()
+        return before, await handle.status()
+
+    before, after = run_with_app(ctx, work)
+    line = Text(f"run {run_id!r}: ") + status_text(after)
+    if before.terminal:
+        line += Text(" (it had already finished; nothing changed)", style="dim")
+    elif not after.terminal:
+        line += Text(" (cancel requested)")
+    console().print(line)
