@@ -15,9 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
-
 from tether.clock import to_datetime
 from tether.errors import ConfigurationError
 from tether.serde import canonical
@@ -59,6 +56,10 @@ def check_schema(schema: object, what: str) -> None:
         return
     if not isinstance(schema, dict):
         raise ConfigurationError(f"{what}: a response schema is a dict (JSON schema)")
+    # Imported here: most programs never ask for a typed response, and `import tether` stays light.
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import SchemaError
+
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:

@@ -11,8 +11,6 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from jsonschema import Draft202012Validator
-
 from tether.approvals.model import Reviewer
 from tether.store.approval_rows import (
     APPROVED,
@@ -125,6 +123,8 @@ def _invalid_response(record: ApprovalRecord, schema: object, response: Any) -> 
     schemas: list[dict[str, Any]] = [s for s in given if isinstance(s, dict)]
     if not schemas:
         return None if response is None else "this option takes no response"
+    from jsonschema import Draft202012Validator  # see model.check_schema
+
     for each in schemas:
         errors = sorted(Draft202012Validator(each).iter_errors(response), key=str)
         if errors:

@@ -16,6 +16,8 @@ from tether.cli.common import TetherGroup
 from tether.cli.events import events
 from tether.cli.replay import replay_check
 from tether.cli.runs import runs
+from tether.cli.serve import serve
+from tether.cli.users import users
 from tether.cli.worker import worker
 
 
@@ -26,7 +28,7 @@ def cli() -> None:
     approvals, check that stored histories replay under the current code, and run workers."""
 
 
-for command in (runs, events, approvals, replay_check, worker):
+for command in (runs, events, approvals, users, replay_check, serve, worker):
     cli.add_command(command)
 
 

@@ -18,14 +18,13 @@ from rich.highlighter import JSONHighlighter
 from rich.text import Text
 
 from tether.app import App
-from tether.approvals.model import Approval, Decision, HistoryEntry, Option, Reviewer
+from tether.approvals.model import Approval, Decision, Reviewer
 from tether.cli.common import (
     CliError,
     F,
     console,
     database_options,
     fields_grid,
-    iso,
     new_table,
     relative_time,
     run_with_app,
@@ -33,6 +32,7 @@ from tether.cli.common import (
     status_text,
 )
 from tether.errors import ApprovalRefused
+from tether.views import approval_json, decision_json, history_json, takes_response
 
 STATUSES = ("pending", "approved", "rejected", "expired", "cancelled", "all")
 OPEN = ("pending", "expired")  # statuses whose expiry still matters
@@ -61,40 +61,6 @@ def json_text(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 
 
 # -- JSON and text forms ----------------------------------------------------------------------
-
-
-def takes_response(option: Option, approval: Approval) -> bool:
-    return option.schema is not None or approval.response_schema is not None
-
-
-def decision_json(decision: Decision) -> dict[str, Any]:
-    return {
-        "approval_id": decision.approval_id, "status": decision.status,
-        "option": decision.option, "reviewer": decision.reviewer, "comment": decision.comment,
-        "decided_at": iso(decision.decided_at), "response": decision.response,
-        "approvers": list(decision.approvers), "run_id": decision.run_id, "step": decision.step,
-        "operation_digest": decision.operation_digest,
-    }  # fmt: skip
-
-
-def approval_json(a: Approval) -> dict[str, Any]:
-    options = [{**o.to_json(), "takes_response": takes_response(o, a)} for o in a.options]
-    return {
-        "id": a.id, "title": a.title, "description": a.description, "status": a.status,
-        "run_id": a.run_id, "step": a.step, "reviewers": list(a.reviewers),
-        "required": a.required, "approvers": list(a.approvers),
-        "separate_duties": a.separate_duties, "starter": a.starter,
-        "created_at": iso(a.created_at), "expires_at": iso(a.expires_at),
-        "operation": a.operation, "operation_digest": a.operation_digest, "context": a.context,
-        "options": options, "response_schema": a.response_schema,
-        "decision": None if a.decision is None else decision_json(a.decision),
-        "outcomes": list(a.outcomes),
-    }  # fmt: skip
-
-
-def history_json(entry: HistoryEntry) -> dict[str, Any]:
-    return {"seq": entry.seq, "at": iso(entry.at), "event": entry.event, "actor": entry.actor,
-            "detail": entry.detail, "hash": entry.hash}  # fmt: skip
 
 
 def pretty_json(value: object) -> Text:

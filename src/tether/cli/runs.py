@@ -18,7 +18,6 @@ from tether.cli.common import (
     console,
     database_options,
     fields_grid,
-    iso,
     new_table,
     run_with_app,
     short_time,
@@ -26,6 +25,7 @@ from tether.cli.common import (
 )
 from tether.core.handle import RunInfo
 from tether.store.base import Checkpoint, RunStatus
+from tether.views import checkpoint_json, run_json
 
 
 def first_line(error: dict[str, Any] | None) -> str:
@@ -33,28 +33,6 @@ def first_line(error: dict[str, Any] | None) -> str:
         return ""
     message = str(error.get("message", "")).strip().splitlines()
     return f"{error.get('type', 'Error')}: {message[0] if message else ''}"
-
-
-def run_json(info: RunInfo) -> dict[str, Any]:
-    error = info.error or {}
-    return {
-        "id": info.id, "workflow": info.workflow, "status": str(info.status),
-        "attempt": info.attempt, "owner": info.owner, "created_at": iso(info.created_at),
-        "updated_at": iso(info.updated_at), "finished_at": iso(info.finished_at),
-        "error_type": error.get("type"), "error_message": error.get("message"),
-    }  # fmt: skip
-
-
-def checkpoint_json(cp: Checkpoint) -> dict[str, Any]:
-    duration = None
-    if cp.started_at is not None and cp.finished_at is not None:
-        duration = round((cp.finished_at - cp.started_at) * 1000, 3)
-    return {
-        "seq": cp.seq, "name": cp.name, "kind": cp.kind, "status": str(cp.status),
-        "attempts": cp.attempts, "duration_ms": duration,
-        "result": None if cp.result is None else json.loads(cp.result),
-        "error": None if cp.error is None else json.loads(cp.error),
-    }  # fmt: skip
 
 
 @click.group()

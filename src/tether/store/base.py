@@ -18,6 +18,7 @@ from typing import Protocol
 
 from tether.errors import DuplicateRun
 from tether.store.approval_rows import ApprovalChange, ApprovalRecord, AuditEntry, ChangeFn
+from tether.store.user_rows import UserRecord
 
 
 class RunStatus(StrEnum):
@@ -323,3 +324,20 @@ class Store(Protocol):
 
     async def approval_audit(self, approval_id: str) -> list[AuditEntry]:
         """The approval's audit entries ordered by seq (empty if none)."""
+
+    # -- users of the server (see user_rows) --------------------------------------------------
+
+    async def put_user(self, user: UserRecord) -> None:
+        """Insert the user, or replace the one with its name (a new token, new groups)."""
+
+    async def get_user(self, name: str) -> UserRecord | None:
+        """The user with this name (revoked ones too), or None."""
+
+    async def user_by_token(self, token_hash: str) -> UserRecord | None:
+        """The user whose token has this hash (revoked ones too), or None."""
+
+    async def list_users(self) -> list[UserRecord]:
+        """Every user, by name."""
+
+    async def revoke_user(self, name: str, now: float) -> UserRecord | None:
+        """Mark the user revoked (keeping the first revocation time); None if unknown."""

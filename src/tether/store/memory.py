@@ -40,6 +40,7 @@ from tether.store.base import (
     duplicate_run,
     queue_budget,
 )
+from tether.store.user_rows import UserRecord
 
 
 class MemoryStore:
@@ -56,6 +57,7 @@ class MemoryStore:
         self._events: list[list[object]] = []
         self._approvals: dict[str, ApprovalRecord] = {}
         self._audit: dict[str, list[AuditEntry]] = {}
+        self._users: dict[str, UserRecord] = {}
 
     async def open(self) -> None:
         """Nothing to connect to."""
@@ -410,6 +412,31 @@ class MemoryStore:
     async def approval_audit(self, approval_id: str) -> list[AuditEntry]:
         with self._lock:
             return list(self._audit.get(approval_id, []))
+
+    # -- users ------------------------------------------------------------------------------
+
+    async def put_user(self, user: UserRecord) -> None:
+        with self._lock:
+            self._users[user.name] = user
+
+    async def get_user(self, name: str) -> UserRecord | None:
+        with self._lock:
+            return self._users.get(name)
+
+    async def user_by_token(self, token_hash: str) -> UserRecord | None:
+        with self._lock:
+            return next((u for u in self._users.values() if u.token_hash == token_hash), None)
+
+    async def list_users(self) -> list[UserRecord]:
+        with self._lock:
+            return [self._users[name] for name in sorted(self._users)]
+
+    async def revoke_user(self, name: str, now: float) -> UserRecord | None:
+        with self._lock:
+            user = self._users.get(name)
+            if user is not None and user.revoked_at is None:
+                user = self._users[name] = replace(user, revoked_at=now)
+            return user
 
     def _save(self, saved: tuple[ApprovalRecord, list[AuditEntry]]) -> None:
         record, entries = saved

@@ -237,3 +237,23 @@ SELECT {audit_columns} FROM tether_approval_audit WHERE approval_id = %(id)s ORD
 
 -- name: lock_run_status
 SELECT status FROM tether_runs WHERE id = %(id)s FOR UPDATE;
+
+-- name: put_user
+INSERT INTO tether_users (name, groups, token_hash, created_at, revoked_at)
+VALUES (%(name)s, %(groups)s, %(token_hash)s, %(created_at)s, %(revoked_at)s)
+ON CONFLICT (name) DO UPDATE SET groups = excluded.groups, token_hash = excluded.token_hash,
+    created_at = excluded.created_at, revoked_at = excluded.revoked_at;
+
+-- name: get_user
+SELECT name, groups, token_hash, created_at, revoked_at FROM tether_users WHERE name = %(name)s;
+
+-- name: user_by_token
+SELECT name, groups, token_hash, created_at, revoked_at FROM tether_users
+WHERE token_hash = %(token_hash)s;
+
+-- name: list_users
+SELECT name, groups, token_hash, created_at, revoked_at FROM tether_users ORDER BY name COLLATE "C";
+
+-- name: revoke_user
+UPDATE tether_users SET revoked_at = coalesce(revoked_at, %(now)s) WHERE name = %(name)s
+RETURNING name, groups, token_hash, created_at, revoked_at;

@@ -219,3 +219,23 @@ SELECT {audit_columns} FROM tether_approval_audit WHERE approval_id = :id ORDER 
 
 -- name: run_status
 SELECT status FROM tether_runs WHERE id = :id;
+
+-- name: put_user
+INSERT INTO tether_users (name, groups, token_hash, created_at, revoked_at)
+VALUES (:name, :groups, :token_hash, :created_at, :revoked_at)
+ON CONFLICT (name) DO UPDATE SET groups = excluded.groups, token_hash = excluded.token_hash,
+    created_at = excluded.created_at, revoked_at = excluded.revoked_at;
+
+-- name: get_user
+SELECT name, groups, token_hash, created_at, revoked_at FROM tether_users WHERE name = :name;
+
+-- name: user_by_token
+SELECT name, groups, token_hash, created_at, revoked_at FROM tether_users
+WHERE token_hash = :token_hash;
+
+-- name: list_users
+SELECT name, groups, token_hash, created_at, revoked_at FROM tether_users ORDER BY name;
+
+-- name: revoke_user
+UPDATE tether_users SET revoked_at = coalesce(revoked_at, :now) WHERE name = :name
+RETURNING name, groups, token_hash, created_at, revoked_at;

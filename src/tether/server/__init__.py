@@ -1,0 +1,53 @@
+"""The HTTP server of an App (`tether serve module:app`): the JSON API under /api with its
+OpenAPI document, the reviewers' inbox, live updates over SSE, and /metrics.
+
+create_server() assembles the parts; each part lives in its own module and none holds engine
+logic. Binds 127.0.0.1 unless told otherwise, and denies every /api route without a token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from tether.app import App
+from tether.errors import ApprovalRefused
+from tether.server.api import build_router, refused
+from tether.server.auth import Auth
+from tether.server.http import MAX_BODY, Hygiene
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+
+
+def create_server(
+    app: App, *, secret: bytes | None = None, secure_cookies: bool = False,
+    max_body: int = MAX_BODY,
+) -> FastAPI:  # fmt: skip
+    """An ASGI application serving `app`. `secret` signs sessions (random per process when not
+    given: a restart signs everyone out); `secure_cookies` marks cookies Secure (set it behind
+    https, as `tether serve --https-proxy` does)."""
+    auth = Auth.make(app, secret, secure_cookies)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await app.open()  # the App's owner (`tether serve`, or the caller) closes it
+        yield
+
+    server = FastAPI(
+        lifespan=lifespan, title="Tether", version="1", docs_url=None, redoc_url=None,
+        description="Runs, events and approvals of a Tether application. Every /api route "
+        "takes `Authorization: Bearer <token>` (`tether users add NAME` prints one).",
+    )  # fmt: skip
+    server.state.tether = app
+    server.state.auth = auth
+    server.add_exception_handler(ApprovalRefused, refused)
+    server.include_router(build_router(app))
+    server.add_middleware(Hygiene, max_body=max_body, hsts=secure_cookies)
+
+    return server
+
+
+__all__ = ["DEFAULT_HOST", "DEFAULT_PORT", "create_server"]

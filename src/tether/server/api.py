@@ -1,0 +1,204 @@
+"""The JSON API under /api (DESIGN §5): runs, their steps and events, approvals and decisions.
+
+Every route needs a bearer token; the token's owner is the actor. Object-level authorization:
+a user sees an approval they may decide and the runs those approvals belong to (404 for the
+rest, so ids of others' objects leak nothing); group `admin` sees everything and alone may
+cancel runs and send events. Routes validate and translate; the library does the work.
+"""
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from tether.app import App
+from tether.approvals.model import Approval
+from tether.errors import (
+    ApprovalNotFound,
+    ApprovalRefused,
+    ConfigurationError,
+    EventRefused,
+    RunNotFound,
+    SerializationError,
+)
+from tether.server.auth import Auth
+from tether.server.http import StrictRoute
+from tether.store.base import RunStatus
+from tether.users import User
+from tether.views import approval_json, checkpoint_json, decision_json, run_json
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"description": "The body is not strict JSON (invalid, or a key repeated)"},
+    401: {"description": "No bearer token, or an unknown or revoked one"},
+    403: {"description": "Authenticated, but not allowed to do this"},
+    404: {"description": "No such object, or not one this user may see"},
+    409: {"description": "The object's state refuses the request (already decided, finished)"},
+    413: {"description": "The body is over the size limit"},
+    422: {"description": "The request's fields are invalid (unknown fields included)"},
+}
+
+# Refusal reasons, by what they say about the request.
+_REFUSED_STATUS = {"wrong_reviewer": 403, "separate_duties": 403, "unknown_option": 422,
+                   "invalid_response": 422}  # fmt: skip
+
+RunId = Annotated[str, Path(min_length=1, max_length=512)]
+ApprovalId = Annotated[str, Path(min_length=1, max_length=100)]
+
+
+class Problem(BaseModel):
+    detail: str
+    reason: str | None = None
+
+
+class DecisionIn(BaseModel):
+    """A decision as the reviewer saw the approval: the option, and the digest shown with it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    option: str = Field(min_length=1, max_length=64)
+    operation_digest: str = Field(min_length=1, max_length=128)
+    comment: str | None = Field(default=None, max_length=10_000)
+    response: Any = None
+
+
+def refused(request: Request, exc: Exception) -> JSONResponse:
+    """ApprovalRefused as a response: 403 for who is asking, 422 for what, 409 for when."""
+    reason = exc.reason if isinstance(exc, ApprovalRefused) else None
+    status = _REFUSED_STATUS.get(reason or "", 409)
+    return JSONResponse({"detail": str(exc), "reason": reason}, status_code=status)
+
+
+class Access:
+    """What a user may see and do, object by object (see the module docstring)."""
+
+    def __init__(self, app: App) -> None:
+        self.app = app
+
+    async def approval(self, approval_id: str, user: User) -> Approval:
+        try:
+            found = await self.app.get_approval(approval_id)
+        except ApprovalNotFound:
+            found = None
+        if found is None or not (user.is_admin or user.reviewer.may_decide(found.reviewers)):
+            raise HTTPException(404, f"no approval {approval_id!r} that you may see")
+        return found
+
+    async def run(self, run_id: str, user: User) -> None:
+        try:
+            await self.app.get(run_id)
+        except RunNotFound:
+            raise HTTPException(404, f"no run {run_id!r} that you may see") from None
+        if user.is_admin:
+            return
+        if not await self.app.list_approvals(None, run_id=run_id, reviewer=user.reviewer):
+            raise HTTPException(404, f"no run {run_id!r} that you may see")
+
+    @staticmethod
+    def admin(user: User, what: str) -> None:
+        if not user.is_admin:
+            raise HTTPException(403, f"only group admin may {what}")
+
+
+async def current_user(request: Request) -> User:
+    """The bearer token's owner (401 otherwise)."""
+    auth: Auth = request.app.state.auth
+    return await auth.bearer(request)
+
+
+CurrentUser = Annotated[User, Depends(current_user)]
+
+
+def build_router(app: App) -> APIRouter:
+    router = APIRouter(prefix="/api", route_class=StrictRoute, responses=ERRORS)
+    access = Access(app)
+    _run_routes(router, app, access)
+    _approval_routes(router, app, access)
+    return router
+
+
+def _run_routes(router: APIRouter, app: App, access: Access) -> None:
+
+    @router.get("/runs", summary="List runs, newest first")
+    async def list_runs(
+        user: CurrentUser,
+        status: Annotated[RunStatus | None, Query()] = None,
+        workflow: Annotated[str | None, Query(max_length=200)] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[dict[str, Any]]:
+        runs = await app.list_runs(status=status, workflow=workflow, limit=limit)
+        if not user.is_admin:
+            mine = {a.run_id for a in await app.list_approvals(None, reviewer=user.reviewer,
+                                                                  limit=10_000)}  # fmt: skip
+            runs = [r for r in runs if r.id in mine]
+        return [run_json(r) for r in runs]
+
+    @router.get("/runs/{run_id}", summary="A run with its steps and approvals")
+    async def get_run(run_id: RunId, user: CurrentUser) -> dict[str, Any]:
+        await access.run(run_id, user)
+        handle = await app.get(run_id)
+        approvals = await app.list_approvals(None, run_id=run_id)
+        if not user.is_admin:
+            approvals = [a for a in approvals if user.reviewer.may_decide(a.reviewers)]
+        return {**run_json(await handle.info()),
+                "steps": [checkpoint_json(c) for c in await handle.checkpoints()],
+                "approvals": [approval_json(a) for a in approvals]}  # fmt: skip
+
+    @router.post("/runs/{run_id}/cancel", summary="Cancel a run (group admin)")
+    async def cancel_run(run_id: RunId, user: CurrentUser) -> dict[str, Any]:
+        await access.run(run_id, user)
+        access.admin(user, "cancel runs")
+        handle = await app.get(run_id)
+        await handle.cancel()
+        return run_json(await handle.info())
+
+    @router.post("/runs/{run_id}/events/{key}", summary="Send an event to a run (group admin)",
+                 status_code=202)  # fmt: skip
+    async def send_event(
+        run_id: RunId,
+        key: Annotated[str, Path(min_length=1, max_length=256)],
+        user: CurrentUser,
+        payload: Annotated[Any, Body()] = None,
+    ) -> dict[str, str]:
+        await access.run(run_id, user)
+        access.admin(user, "send events")
+        try:
+            await app.send(run_id, key, payload)
+        except (ConfigurationError, SerializationError) as exc:
+            raise HTTPException(422, str(exc)) from None
+        except EventRefused as exc:
+            raise HTTPException(409, str(exc)) from None
+        return {"run_id": run_id, "key": key, "status": "delivered"}
+
+
+def _approval_routes(router: APIRouter, app: App, access: Access) -> None:
+
+    @router.get("/approvals", summary="Approvals this user may decide")
+    async def list_approvals(
+        user: CurrentUser,
+        status: Annotated[str | None, Query(max_length=64)] = "pending",
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[dict[str, Any]]:
+        wanted = None if status == "all" else status
+        reviewer = None if user.is_admin else user.reviewer
+        found = await app.list_approvals(wanted, limit=limit, reviewer=reviewer)
+        return [approval_json(a) for a in found]
+
+    @router.get("/approvals/{approval_id}", summary="One approval (the look is audited)")
+    async def get_approval(approval_id: ApprovalId, user: CurrentUser) -> dict[str, Any]:
+        await access.approval(approval_id, user)
+        shown = await app.get_approval(approval_id, viewer=user.reviewer)
+        return {**approval_json(shown), "may_decide": shown.may_decide(user.reviewer)}
+
+    @router.post("/approvals/{approval_id}/decision", summary="Decide an approval")
+    async def decide(
+        approval_id: ApprovalId, body: DecisionIn, user: CurrentUser
+    ) -> dict[str, Any]:
+        await access.approval(approval_id, user)
+        try:  # a refusal reaches refused() below, with its reason
+            decision = await app.decide(approval_id, body.option, reviewer=user.reviewer,
+                                        operation_digest=body.operation_digest,
+                                        comment=body.comment, response=body.response)  # fmt: skip
+        except SerializationError as exc:
+            raise HTTPException(422, str(exc)) from None
+        return decision_json(decision)

@@ -1,0 +1,136 @@
+"""HTTP hygiene shared by the JSON API and the inbox: strict JSON bodies (duplicate keys and
+invalid JSON are 400), a body size limit (413), and the security headers every response carries.
+
+Pure ASGI and FastAPI plumbing: no routes, no authentication, no Tether calls.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import HTTPException, Request, Response
+from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+MAX_BODY = 1 << 20  # 1 MiB: decisions, events and forms are small
+
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; "
+     b"base-uri 'none'; form-action 'self'; object-src 'none'"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"cross-origin-opener-policy", b"same-origin"),
+]  # fmt: skip
+
+
+class BadBody(ValueError):
+    """A request body that is not strict JSON."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise BadBody(f"the JSON body repeats the key {key!r}; send each key once")
+        seen[key] = value
+    return seen
+
+
+def _constant(name: str) -> None:
+    raise BadBody(f"the JSON body holds {name}, which is not JSON; send numbers only")
+
+
+def strict_loads(body: bytes) -> Any:
+    try:
+        return json.loads(body, object_pairs_hook=_no_duplicates, parse_constant=_constant)
+    except json.JSONDecodeError as exc:
+        raise BadBody(f"the body is not valid JSON: {exc.msg} at char {exc.pos}") from None
+    except UnicodeDecodeError:
+        raise BadBody("the body is not UTF-8 JSON") from None
+
+
+class StrictRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            self._json = strict_loads(await self.body())
+        return self._json
+
+
+class StrictRoute(APIRoute):
+    """Routes whose JSON bodies are parsed strictly; a bad body is a 400 that says why."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            try:
+                return await handler(StrictRequest(request.scope, request.receive))
+            except HTTPException as exc:
+                if isinstance(exc.__cause__, BadBody):
+                    return JSONResponse({"detail": str(exc.__cause__)}, status_code=400)
+                raise
+
+        return strict
+
+
+class Hygiene:
+    """ASGI middleware: refuse bodies over `max_body` (413) before they are read whole, and add
+    the security headers to every response."""
+
+    def __init__(self, app: ASGIApp, max_body: int = MAX_BODY, *, hsts: bool = False) -> None:
+        self.app = app
+        self.max_body = max_body
+        self.headers = list(SECURITY_HEADERS)
+        if hsts:
+            self.headers.append((b"strict-transport-security", b"max-age=31536000"))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            await _too_large(self.max_body, send, self.headers)
+            return
+        received = 0
+        started = False
+
+        async def limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body:
+                    raise _TooLarge()
+            return message
+
+        async def secured(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                names = {k.lower() for k, _ in message.get("headers", [])}
+                message["headers"] = [*message.get("headers", []),
+                                      *(h for h in self.headers if h[0] not in names)]  # fmt: skip
+            await send(message)
+
+        try:
+            await self.app(scope, limited, secured)
+        except _TooLarge:
+            if not started:
+                await _too_large(self.max_body, send, self.headers)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _too_large(limit: int, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
+    body = json.dumps({"detail": f"the request body is over {limit} bytes"}).encode()
+    await send({"type": "http.response.start", "status": 413,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()), *headers]})  # fmt: skip
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,79 @@
+"""The JSON forms of runs, steps, approvals, decisions and audit entries that people and
+programs see, shared by the CLI, the HTTP API and the inbox so every surface shows the same.
+
+What reaches a person passes the redactor: step results and errors are shown redacted like
+approval contexts. Pure functions of values; no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from tether.approvals.model import Approval, Decision, HistoryEntry, Option
+from tether.core.handle import RunInfo
+from tether.redact import redact, redact_text
+from tether.store.base import Checkpoint
+
+
+def iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
+
+
+def takes_response(option: Option, approval: Approval) -> bool:
+    return option.schema is not None or approval.response_schema is not None
+
+
+def decision_json(decision: Decision) -> dict[str, Any]:
+    return {
+        "approval_id": decision.approval_id, "status": decision.status,
+        "option": decision.option, "reviewer": decision.reviewer, "comment": decision.comment,
+        "decided_at": iso(decision.decided_at), "response": redact(decision.response),
+        "approvers": list(decision.approvers), "run_id": decision.run_id, "step": decision.step,
+        "operation_digest": decision.operation_digest,
+    }  # fmt: skip
+
+
+def approval_json(a: Approval) -> dict[str, Any]:
+    options = [{**o.to_json(), "takes_response": takes_response(o, a)} for o in a.options]
+    return {
+        "id": a.id, "title": a.title, "description": a.description, "status": a.status,
+        "run_id": a.run_id, "step": a.step, "reviewers": list(a.reviewers),
+        "required": a.required, "approvers": list(a.approvers),
+        "separate_duties": a.separate_duties, "starter": a.starter,
+        "created_at": iso(a.created_at), "expires_at": iso(a.expires_at),
+        "operation": a.operation, "operation_digest": a.operation_digest, "context": a.context,
+        "options": options, "response_schema": a.response_schema,
+        "decision": None if a.decision is None else decision_json(a.decision),
+        "outcomes": list(a.outcomes),
+    }  # fmt: skip
+
+
+def history_json(entry: HistoryEntry) -> dict[str, Any]:
+    return {"seq": entry.seq, "at": iso(entry.at), "event": entry.event, "actor": entry.actor,
+            "detail": redact(entry.detail), "hash": entry.hash}  # fmt: skip
+
+
+def run_json(info: RunInfo) -> dict[str, Any]:
+    error = info.error or {}
+    message = error.get("message")
+    return {
+        "id": info.id, "workflow": info.workflow, "status": str(info.status),
+        "attempt": info.attempt, "owner": info.owner, "created_at": iso(info.created_at),
+        "updated_at": iso(info.updated_at), "finished_at": iso(info.finished_at),
+        "error_type": error.get("type"),
+        "error_message": None if message is None else redact_text(str(message)),
+    }  # fmt: skip
+
+
+def checkpoint_json(cp: Checkpoint) -> dict[str, Any]:
+    duration = None
+    if cp.started_at is not None and cp.finished_at is not None:
+        duration = round((cp.finished_at - cp.started_at) * 1000, 3)
+    return {
+        "seq": cp.seq, "name": cp.name, "kind": cp.kind, "status": str(cp.status),
+        "attempts": cp.attempts, "duration_ms": duration,
+        "result": None if cp.result is None else redact(json.loads(cp.result)),
+        "error": None if cp.error is None else redact(json.loads(cp.error)),
+    }  # fmt: skip
