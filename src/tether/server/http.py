@@ -11,7 +11,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import HTTPException, Request, Response
-from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -56,7 +55,10 @@ def strict_loads(body: bytes) -> Any:
 class StrictRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = strict_loads(await self.body())
+            try:
+                self._json = strict_loads(await self.body())
+            except BadBody as exc:
+                raise HTTPException(400, str(exc)) from None  # FastAPI passes these through
         return self._json
 
 
@@ -67,12 +69,7 @@ class StrictRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def strict(request: Request) -> Response:
-            try:
-                return await handler(StrictRequest(request.scope, request.receive))
-            except HTTPException as exc:
-                if isinstance(exc.__cause__, BadBody):
-                    return JSONResponse({"detail": str(exc.__cause__)}, status_code=400)
-                raise
+            return await handler(StrictRequest(request.scope, request.receive))
 
         return strict
 

@@ -1,0 +1,222 @@
+"""The JSON API against a real SQLite file: tokens (missing, wrong, revoked), object-level
+authorization (404 for what a user may not see, 403 for what they may see but not do), strict
+bodies (duplicate keys, unknown fields, oversized), the decision flow and its refusals, and the
+OpenAPI document listing every status an operation can return."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import tether
+from tether.server import create_server
+from tether.users import add_user, revoke_user
+
+
+@dataclass
+class Api:
+    app: tether.App
+    client: httpx.AsyncClient
+    tokens: dict[str, str]
+
+    def as_(self, user: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[user]}"}
+
+    async def pending(self, run_id: str) -> tether.Approval:
+        async with asyncio.timeout(10):
+            while not (found := await self.app.list_approvals(run_id=run_id)):
+                await asyncio.sleep(0.01)
+        return found[0]
+
+
+def build_app(url: str) -> tether.App:
+    app = tether.App(url)
+
+    @app.step()
+    async def deploy(version: str) -> str:
+        return f"deployed {version}"
+
+    @app.workflow()
+    async def release(version: str) -> str:
+        decision = await tether.approval(
+            "Deploy?", operation={"tool": "deploy", "arguments": {"version": version}},
+            reviewers=["group:sre"], context={"password": "hunter2"},
+        )  # fmt: skip
+        return await deploy(version) if decision.approved else decision.status
+
+    return app
+
+
+@pytest.fixture
+async def api(tmp_path: Path) -> AsyncIterator[Api]:
+    app = build_app(f"sqlite:///{tmp_path}/api.db")
+    server = create_server(app, max_body=64 * 1024)
+    async with app:
+        tokens = {}
+        for name, groups in (("alice", {"sre"}), ("bob", {"sre"}), ("eve", set()),
+                             ("root", {"admin"})):  # fmt: skip
+            _, tokens[name] = await add_user(app.engine, name, frozenset(groups))
+        transport = httpx.ASGITransport(app=server)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
+            yield Api(app, client, tokens)
+
+
+async def test_every_api_route_needs_a_valid_token(api: Api) -> None:
+    await api.app.start("release", "1", id="r1")
+    routes = [("GET", "/api/runs"), ("GET", "/api/runs/r1"), ("POST", "/api/runs/r1/cancel"),
+              ("POST", "/api/runs/r1/events/go"), ("GET", "/api/approvals"),
+              ("GET", "/api/approvals/x"), ("POST", "/api/approvals/x/decision")]  # fmt: skip
+    for headers in ({}, {"Authorization": "Bearer tt_wrong"}, {"Authorization": "Basic abc"}):
+        for method, path in routes:
+            response = await api.client.request(method, path, headers=headers)
+            assert response.status_code == 401, (method, path, headers)
+            assert response.headers["www-authenticate"].startswith('Bearer realm="tether"')
+    await revoke_user(api.app.engine, "alice")
+    response = await api.client.get("/api/approvals", headers=api.as_("alice"))
+    assert response.status_code == 401
+    assert "invalid_token" in response.headers["www-authenticate"]
+
+
+async def test_a_reviewer_decides_with_the_digest_they_saw_and_the_run_completes(api: Api) -> None:
+    handle = await api.app.start("release", "1.0", id="r-ok")
+    ask = await api.pending("r-ok")
+    listed = (await api.client.get("/api/approvals", headers=api.as_("alice"))).json()
+    assert [a["id"] for a in listed] == [ask.id]
+    assert listed[0]["context"] == {"password": "[redacted]"}
+    shown = (await api.client.get(f"/api/approvals/{ask.id}", headers=api.as_("alice"))).json()
+    assert shown["may_decide"] is True
+    body = {"option": "approve", "operation_digest": shown["operation_digest"], "comment": "ok"}
+    response = await api.client.post(f"/api/approvals/{ask.id}/decision", json=body,
+                                     headers=api.as_("alice"))  # fmt: skip
+    assert response.status_code == 200
+    assert (response.json()["status"], response.json()["reviewer"]) == ("approved", "alice")
+    assert await handle.result(timeout=10) == "deployed 1.0"
+    events = [(e.event, e.actor) for e in await api.app.approval_history(ask.id)]
+    assert events == [("created", None), ("viewed", "alice"), ("decided", "alice")]
+
+
+async def test_users_outside_the_reviewers_see_nothing_of_the_approval_or_its_run(api: Api) -> None:
+    await api.app.start("release", "1", id="r-idor")
+    ask = await api.pending("r-idor")
+    eve = api.as_("eve")
+    assert (await api.client.get("/api/approvals", headers=eve)).json() == []
+    assert (await api.client.get("/api/runs", headers=eve)).json() == []
+    for method, path in (("GET", f"/api/approvals/{ask.id}"), ("GET", "/api/runs/r-idor"),
+                         ("POST", "/api/runs/r-idor/cancel")):  # fmt: skip
+        assert (await api.client.request(method, path, headers=eve)).status_code == 404
+    body = {"option": "approve", "operation_digest": ask.operation_digest}
+    response = await api.client.post(f"/api/approvals/{ask.id}/decision", json=body, headers=eve)
+    assert response.status_code == 404
+    assert (await api.app.get_approval(ask.id)).status == "pending"
+    # A reviewer sees the run of an approval they may decide, but only admin acts on runs.
+    assert (await api.client.get("/api/runs/r-idor", headers=api.as_("bob"))).status_code == 200
+    cancel = await api.client.post("/api/runs/r-idor/cancel", headers=api.as_("bob"))
+    assert cancel.status_code == 403
+    event = await api.client.post("/api/runs/r-idor/events/go", json={}, headers=api.as_("bob"))
+    assert event.status_code == 403
+    admin_runs = (await api.client.get("/api/runs", headers=api.as_("root"))).json()
+    assert [r["id"] for r in admin_runs] == ["r-idor"]
+    detail = (await api.client.get("/api/runs/r-idor", headers=api.as_("root"))).json()
+    assert [s["name"] for s in detail["steps"]] == ["approval"]
+    assert [a["id"] for a in detail["approvals"]] == [ask.id]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "reason"),
+    [
+        ({"option": "approve", "operation_digest": "0" * 64}, 409, "stale_digest"),
+        ({"option": "launch", "operation_digest": None}, 422, "unknown_option"),
+        (
+            {"option": "approve", "operation_digest": None, "response": {"x": 1}},
+            422,
+            "invalid_response",
+        ),
+    ],
+)
+async def test_refused_decisions_say_why_with_the_matching_status(
+    api: Api, body: dict[str, Any], status: int, reason: str
+) -> None:
+    await api.app.start("release", "1", id="r-ref")
+    ask = await api.pending("r-ref")
+    body = {**body, "operation_digest": body["operation_digest"] or ask.operation_digest}
+    response = await api.client.post(f"/api/approvals/{ask.id}/decision", json=body,
+                                     headers=api.as_("alice"))  # fmt: skip
+    assert response.status_code == status
+    assert response.json()["reason"] == reason
+    assert (await api.app.get_approval(ask.id)).status == "pending"
+
+
+async def test_a_second_decision_and_the_starter_under_separate_duties_are_refused(
+    api: Api,
+) -> None:
+    await api.app.start("release", "1", id="r-twice")
+    ask = await api.pending("r-twice")
+    body = {"option": "reject", "operation_digest": ask.operation_digest}
+    path = f"/api/approvals/{ask.id}/decision"
+    first = await api.client.post(path, json=body, headers=api.as_("alice"))
+    assert first.status_code == 200
+    again = await api.client.post(path, json=body, headers=api.as_("bob"))
+    assert (again.status_code, again.json()["reason"]) == (409, "already_decided")
+
+
+async def test_bodies_are_strict_json_with_known_fields_under_the_size_limit(api: Api) -> None:
+    await api.app.start("release", "1", id="r-body")
+    ask = await api.pending("r-body")
+    path = f"/api/approvals/{ask.id}/decision"
+    headers = {**api.as_("alice"), "Content-Type": "application/json"}
+    duplicate = '{"option": "reject", "option": "approve", "operation_digest": "%s"}'
+    response = await api.client.post(path, content=duplicate % ask.operation_digest,
+                                     headers=headers)  # fmt: skip
+    assert response.status_code == 400
+    assert "repeats the key 'option'" in response.json()["detail"]
+    for bad in ("{not json", '{"option": NaN}', b"\xff\xfe"):
+        assert (await api.client.post(path, content=bad, headers=headers)).status_code == 400
+    unknown = {"option": "approve", "operation_digest": ask.operation_digest, "reviewer": "bob"}
+    response = await api.client.post(path, json=unknown, headers=api.as_("alice"))
+    assert response.status_code == 422
+    big = json.dumps({"option": "approve", "operation_digest": "x", "comment": "a" * 70_000})
+    response = await api.client.post(path, content=big, headers=headers)
+    assert response.status_code == 413
+    assert (await api.app.get_approval(ask.id)).status == "pending"
+
+
+async def test_admin_sends_events_and_cancels_runs(api: Api) -> None:
+    handle = await api.app.start("release", "1", id="r-admin")
+    await api.pending("r-admin")
+    root = api.as_("root")
+    sent = await api.client.post("/api/runs/r-admin/events/note", json={"a": 1}, headers=root)
+    assert sent.status_code == 202
+    bad_key = await api.client.post("/api/runs/r-admin/events/tether:x", json=1, headers=root)
+    assert bad_key.status_code == 422
+    assert (await api.client.post("/api/runs/r-admin/cancel", headers=root)).status_code == 200
+    with pytest.raises(tether.RunCancelled):
+        await handle.result(timeout=10)
+    late = await api.client.post("/api/runs/r-admin/events/note", json={}, headers=root)
+    assert late.status_code == 409
+    missing = await api.client.get("/api/runs/nope", headers=root)
+    assert missing.status_code == 404
+
+
+async def test_the_openapi_document_lists_every_status_of_every_operation(api: Api) -> None:
+    document = (await api.client.get("/openapi.json")).json()
+    operations = [op for path in document["paths"].values() for op in path.values()]
+    assert len(operations) == 7
+    for operation in operations:
+        codes = set(operation["responses"])
+        assert {"400", "401", "403", "404", "409", "413", "422"} <= codes, operation["summary"]
+    decision = document["components"]["schemas"]["DecisionIn"]
+    assert decision["additionalProperties"] is False
+
+
+async def test_html_and_json_responses_carry_the_security_headers(api: Api) -> None:
+    response = await api.client.get("/api/approvals")
+    assert "default-src 'self'" in response.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+    assert response.headers["x-content-type-options"] == "nosniff"

@@ -1,0 +1,105 @@
+"""Schemathesis against the server's own OpenAPI document, over real HTTP to a uvicorn server on
+127.0.0.1: generated requests (seeded, bounded) with a valid token and real run and approval
+ids mixed in, checked for server errors and for statuses or content the document does not
+declare."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import schemathesis
+import uvicorn
+from hypothesis import HealthCheck, given, settings
+
+import tether
+from tether.server import create_server
+from tether.users import add_user
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Served:
+    """A Tether App with a waiting run, served by uvicorn in a thread of its own (its own loop,
+    as in production)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.url = f"sqlite:///{folder}/schema.db"
+        self.port = free_port()
+        self.ready = threading.Event()
+        self.ids: dict[str, str] = {}
+        self.server: uvicorn.Server | None = None
+        self.thread = threading.Thread(target=asyncio.run, args=(self.main(),), daemon=True)
+
+    async def main(self) -> None:
+        app = tether.App(self.url)
+
+        @app.workflow()
+        async def gated(n: int) -> str:
+            return (await tether.approval("Go?", reviewers=["*"])).status
+
+        async with app:
+            _, self.ids["token"] = await add_user(app.engine, "admin", frozenset({"admin"}))
+            await app.start(gated, 1, id="run-1")
+            while not (asks := await app.list_approvals(run_id="run-1")):
+                await asyncio.sleep(0.01)
+            self.ids["approval_id"] = asks[0].id
+            config = uvicorn.Config(create_server(app), host="127.0.0.1", port=self.port,
+                                    log_level="warning", lifespan="on")  # fmt: skip
+            self.server = uvicorn.Server(config)
+            serving = asyncio.create_task(self.server.serve())
+            while not self.server.started:
+                await asyncio.sleep(0.01)
+            self.ready.set()
+            await serving
+
+    def __enter__(self) -> Served:
+        self.thread.start()
+        assert self.ready.wait(30), "the server did not start"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.should_exit = True
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    with Served(tmp_path_factory.mktemp("schema")) as running:
+        yield running
+
+
+OPERATIONS = 7  # the document's operations: a new route must be added to the fuzzing too
+
+
+def test_the_api_honours_its_openapi_document(served: Served) -> None:
+    schema = schemathesis.openapi.from_url(f"http://127.0.0.1:{served.port}/openapi.json")
+    headers = {"Authorization": f"Bearer {served.ids['token']}"}
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) == OPERATIONS
+    turn = itertools.count()
+    for operation in operations:
+
+        @given(case=operation.as_strategy())
+        @settings(max_examples=30, derandomize=True, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        def check(case: Any) -> None:
+            # Every other case aims at real objects, so the success paths are exercised too.
+            if next(turn) % 2 == 0 and case.path_parameters:
+                for name, real in (("run_id", "run-1"), ("approval_id", served.ids["approval_id"])):
+                    if name in case.path_parameters:
+                        case.path_parameters[name] = real
+            case.call_and_validate(headers=headers)
+
+        check()
