@@ -134,10 +134,11 @@ def _invalid_response(record: ApprovalRecord, schema: object, response: Any) -> 
 
 
 def expire(record: ApprovalRecord, run_status: str | None, now: float) -> ApprovalChange:
-    """The run's expiry timer fired: a pending approval past its time expires (no approval)."""
-    if record.status != PENDING or now < record.expires_at:
+    """The run's own expiry timer fired: a pending approval expires (no approval). The run
+    itself is the one closing it, so nothing is sent to its mailbox."""
+    if record.status != PENDING:
         return ApprovalChange()
-    return _close(record, EXPIRED, None, {"reason": "expired"}, now)
+    return replace(_close(record, EXPIRED, None, {"reason": "expired"}, now), event=None)
 
 
 def cancel(actor: str | None, reason: str) -> ChangeFn:
