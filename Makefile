@@ -1,10 +1,10 @@
-# The team's vocabulary: install, test, check, demo, bench.
+# The team's vocabulary: install, test, check, demo, bench (browser: the inbox tests' Chromium).
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test check demo bench clean
+.PHONY: install test check demo bench browser clean
 
 install: $(STAMP)
 
@@ -23,6 +23,10 @@ check: install
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q tests/test_layout.py
 
+# The inbox's browser tests drive Debian's Chromium (headless); installed once per machine.
+browser:
+	command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
+
 demo: install
 	$(BIN)/python examples/crash_demo.py
 
@@ -30,6 +34,7 @@ bench: install
 	$(BIN)/python bench/engine.py
 	$(BIN)/python bench/waits.py
 	$(BIN)/python bench/approvals.py
+	$(BIN)/python bench/streams.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -28,8 +28,10 @@ async def run_server(app: App, host: str, port: int, *, worker: bool, secure: bo
     except ValueError:
         raise ConfigurationError("TETHER_SESSION_SECRET must be hex (e.g. 64 hex digits)") from None
     server = create_server(app, secret=secret, secure_cookies=secure)
+    # Open SSE streams would hold a graceful stop forever; browsers reconnect by themselves.
     config = uvicorn.Config(server, host=host, port=port, log_level="info", access_log=False,
-                            proxy_headers=secure, server_header=False)  # fmt: skip
+                            proxy_headers=secure, server_header=False,
+                            timeout_graceful_shutdown=5)  # fmt: skip
     if worker:
         async with app:
             await uvicorn.Server(config).serve()

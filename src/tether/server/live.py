@@ -1,0 +1,193 @@
+"""Live updates for the inbox: what each page shows a user, summed up as a short state digest,
+and `GET /live`, a server-sent event stream that sends the digest whenever it changes.
+
+A page carries the digest it was rendered from (`data-state` on <body>); the stream sends the
+current digest when it opens and again after every change (it polls the store every
+POLL_SECONDS), so a change between rendering and connecting is never missed. The page's script
+compares, re-fetches the page and swaps its live regions. A comment line every
+HEARTBEAT_SECONDS keeps proxies from closing an idle stream. The stream ends when the client goes
+away, when the session ends (event `signed-out`) or when the watched object is no longer
+visible (event `gone`); EventSource reconnects by itself after anything else.
+
+The queries here decide what a user sees on each page; inbox.py renders from the same ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi.responses import PlainTextResponse, StreamingResponse
+
+from tether.app import App
+from tether.approvals.model import Approval
+from tether.core.handle import RunInfo
+from tether.errors import RunNotFound, StoreUnavailable
+from tether.server.api import Access
+from tether.server.auth import Auth
+from tether.users import User
+from tether.views import iso
+
+POLL_SECONDS = 0.5
+HEARTBEAT_SECONDS = 15.0
+RETRY_MILLISECONDS = 2000  # how long EventSource waits before reconnecting
+RUNS_SHOWN = 200
+_MANY = 10_000  # approvals looked at to find a reviewer's runs (as the JSON API does)
+
+
+# -- what a user sees ---------------------------------------------------------------------------
+
+
+async def pending_for(app: App, user: User) -> list[Approval]:
+    """The inbox: pending approvals the user may decide (group admin: all of them)."""
+    return await app.list_approvals(
+        "pending", reviewer=None if user.is_admin else user.reviewer, limit=1000
+    )
+
+
+async def runs_for(app: App, user: User) -> list[RunInfo]:
+    """Runs, newest first: all of them for group admin, else the runs of approvals the user may
+    decide (the JSON API's rule)."""
+    if user.is_admin:
+        return await app.list_runs(limit=RUNS_SHOWN)
+    mine = {a.run_id for a in await app.list_approvals(None, reviewer=user.reviewer, limit=_MANY)}
+    found = []
+    for run_id in mine:
+        try:
+            found.append(await (await app.get(run_id)).info())
+        except RunNotFound:
+            continue
+    found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
+    return found[:RUNS_SHOWN]
+
+
+async def approvals_of_run(app: App, user: User, run_id: str) -> list[Approval]:
+    """The run's approvals this user may see (all of them for group admin)."""
+    found = await app.list_approvals(None, run_id=run_id, limit=1000)
+    if user.is_admin:
+        return found
+    return [a for a in found if user.reviewer.may_decide(a.reviewers)]
+
+
+# -- what a page watches --------------------------------------------------------------------------
+
+
+class Scope(StrEnum):
+    INBOX = "inbox"
+    RUNS = "runs"
+    RUN = "run"
+    APPROVAL = "approval"
+
+
+@dataclass(frozen=True, slots=True)
+class Watch:
+    """What one page shows: the inbox, the runs, or one run or approval (by `id`)."""
+
+    scope: Scope
+    id: str = ""
+
+    @property
+    def url(self) -> str:
+        query = {"scope": self.scope.value, **({"id": self.id} if self.id else {})}
+        return "/live?" + urlencode(query)
+
+
+async def state(app: App, user: User, watch: Watch) -> str:
+    """A digest of what `watch` shows `user`: it changes exactly when the page would. Raises
+    HTTPException(404) for a run or approval the user may not see."""
+    access = Access(app)
+    parts: object
+    if watch.scope is Scope.INBOX:
+        parts = [[a.id, a.status, a.approvers] for a in await pending_for(app, user)]
+    elif watch.scope is Scope.RUNS:
+        parts = [[r.id, r.status, iso(r.updated_at)] for r in await runs_for(app, user)]
+    elif watch.scope is Scope.RUN:
+        await access.run(watch.id, user)
+        handle = await app.get(watch.id)
+        info = await handle.info()
+        parts = [
+            [info.status, iso(info.updated_at), info.attempt],
+            [[c.seq, c.status, c.attempts] for c in await handle.checkpoints()],
+            [[a.id, a.status, a.approvers] for a in await approvals_of_run(app, user, watch.id)],
+        ]
+    else:
+        found = await access.approval(watch.id, user)
+        # Views are left out: showing the page records one, and must not look like a change.
+        trail = [e.seq for e in await app.approval_history(watch.id) if e.event != "viewed"]
+        parts = [found.status, found.approvers, len(found.outcomes), trail[-1:]]
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
+# -- the stream -----------------------------------------------------------------------------------
+
+
+def _event(name: str, data: str) -> str:
+    return f"event: {name}\ndata: {data}\n\n"
+
+
+async def _events(request: Request, app: App, watch: Watch, first: str) -> AsyncIterator[str]:
+    auth: Auth = request.app.state.auth
+    loop = asyncio.get_running_loop()
+    yield f"retry: {RETRY_MILLISECONDS}\n" + _event("state", first)
+    last, beat = first, loop.time() + HEARTBEAT_SECONDS
+    while True:
+        await asyncio.sleep(POLL_SECONDS)
+        if await request.is_disconnected():
+            return
+        try:
+            signed = await auth.session(request)
+            if signed is None:
+                yield _event("signed-out", "the session ended")
+                return
+            now = await state(app, signed[0], watch)
+        except HTTPException:
+            yield _event("gone", "this page is no longer visible to you")
+            return
+        except StoreUnavailable:
+            now = last  # the database is away for a moment: keep the stream, try again
+        if now != last:
+            last, beat = now, loop.time() + HEARTBEAT_SECONDS
+            yield _event("state", now)
+        elif loop.time() >= beat:
+            beat = loop.time() + HEARTBEAT_SECONDS
+            yield ": heartbeat\n\n"
+
+
+def build_live(app: App) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+
+    @router.get("/live")
+    async def live(
+        request: Request,
+        scope: Annotated[str, Query(max_length=16)] = "inbox",
+        id: Annotated[str, Query(max_length=512)] = "",
+    ) -> Response:
+        auth: Auth = request.app.state.auth
+        signed = await auth.session(request)
+        if signed is None:
+            return PlainTextResponse("sign in first: this stream follows an inbox session", 401)
+        try:
+            watch = Watch(Scope(scope), id)
+        except ValueError:
+            return PlainTextResponse(f"scope is one of {[s.value for s in Scope]}", 400)
+        if (watch.scope in (Scope.RUN, Scope.APPROVAL)) != bool(id):
+            return PlainTextResponse("scopes run and approval take an id; the others none", 400)
+        try:
+            first = await state(app, signed[0], watch)
+        except HTTPException as exc:
+            return PlainTextResponse(str(exc.detail), exc.status_code)
+        return StreamingResponse(
+            _events(request, app, watch, first),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+        )
+
+    return router

@@ -1,0 +1,102 @@
+"""Fixtures for the server tests (JSON API, inbox, browser), generic enough for every file here:
+
+- `app`: a tether.App on a SQLite file in tmp_path, its worker running, with the workflow
+  `ask` (step `prepare`, one approval shaped by the run's argument, then step `act` if approved).
+  `kit.start_approval(app, run_id, **fields)` starts it and returns the pending Approval; fields
+  override ASK (title, description, operation, context, reviewers, required, options as dicts,
+  separate_duties, expires_seconds).
+- `alice` (group sre), `bob` (group sre), `admin` (group admin), `outsider` (group finance):
+  Person(user, token), created in `app`'s database.
+- `server`: the ASGI application of create_server(app) with a fixed session secret.
+- `client`: an httpx.AsyncClient on `server` over ASGI (no sockets), base URL ORIGIN;
+  `kit.sign_in(client, person)` opens an inbox session on it (the cookie stays in the client).
+- `live_server`: `server` served by uvicorn on 127.0.0.1 at a free port, in the test's event
+  loop (so tests may await the App directly); `.url` is its origin.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, build_app
+
+import tether
+from tether.server import create_server
+from tether.users import add_user
+
+
+@pytest.fixture
+async def app(tmp_path: Path) -> AsyncIterator[tether.App]:
+    """An App on a SQLite file, worker running (see the module docstring)."""
+    built = build_app(f"sqlite:///{tmp_path}/server.db")
+    async with built:
+        yield built
+
+
+async def _person(app: tether.App, name: str, *groups: str) -> Person:
+    user, token = await add_user(app.engine, name, frozenset(groups))
+    return Person(user, token)
+
+
+@pytest.fixture
+async def alice(app: tether.App) -> Person:
+    return await _person(app, "alice", "sre")
+
+
+@pytest.fixture
+async def bob(app: tether.App) -> Person:
+    return await _person(app, "bob", "sre")
+
+
+@pytest.fixture
+async def admin(app: tether.App) -> Person:
+    return await _person(app, "root", "admin")
+
+
+@pytest.fixture
+async def outsider(app: tether.App) -> Person:
+    return await _person(app, "eve", "finance")
+
+
+@pytest.fixture
+def server(app: tether.App) -> FastAPI:
+    return create_server(app, secret=SECRET)
+
+
+@pytest.fixture
+async def client(server: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=server)
+    async with httpx.AsyncClient(transport=transport, base_url=ORIGIN) as made:
+        yield made
+
+
+@pytest.fixture
+async def live_server(server: FastAPI) -> AsyncIterator[LiveServer]:
+    """`server` on 127.0.0.1 at a free port, served by uvicorn in this event loop."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(server, log_config=None, log_level="warning", ws="none",
+                            lifespan="on", timeout_graceful_shutdown=2)  # fmt: skip
+    served = uvicorn.Server(config)
+    task = asyncio.create_task(served.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(10):
+            while not served.started:
+                if task.done():
+                    task.result()  # raises why it could not start
+                await asyncio.sleep(0.01)
+        yield LiveServer(f"http://127.0.0.1:{port}", served)
+    finally:
+        served.should_exit = True
+        async with asyncio.timeout(10):
+            await task
+        sock.close()

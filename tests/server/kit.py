@@ -1,0 +1,98 @@
+"""Helpers of the server tests, importable from any test file (conftest.py holds the fixtures):
+ORIGIN (the ASGI client's origin), SECRET, ASK (the default approval of the workflow `ask`),
+Person (a user with their token), build_app (an App with the workflow `ask`: step `prepare`, one
+approval shaped by the run's argument, then step `act` if approved), start_approval (start `ask`
+and wait for its pending approval), sign_in (open an inbox session through the form), LiveServer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import uvicorn
+
+import tether
+from tether.users import User
+
+ORIGIN = "http://testserver"
+SECRET = b"s" * 32
+ASK: dict[str, Any] = {
+    "title": "Deploy 1.2.3 to prod?",
+    "description": "The agent wants to deploy the release.",
+    "operation": {"tool": "deploy", "arguments": {"version": "1.2.3", "env": "prod"}},
+    "context": {"changelog": "fix login", "api_key": "abc123"},
+    "reviewers": ["group:sre"],
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Person:
+    user: User
+    token: str
+
+    @property
+    def name(self) -> str:
+        return self.user.name
+
+
+def build_app(url: str) -> tether.App:
+    app = tether.App(url)
+    # Durable waits resume promptly after a decision in tests.
+    app.engine.settings = dataclasses.replace(app.engine.settings, poll_interval=0.05)
+
+    @app.step()
+    async def prepare(spec: dict[str, Any]) -> str:
+        return f"prepared {spec.get('title', '')[:20]}"
+
+    @app.step()
+    async def act(version: str) -> str:
+        return f"did {version}"
+
+    @app.workflow()
+    async def ask(spec: dict[str, Any]) -> dict[str, Any]:
+        await prepare(spec)
+        fields: dict[str, Any] = {**ASK, **spec}
+        if fields.get("options"):
+            fields["options"] = [tether.Option(**o) for o in fields["options"]]
+        expires = timedelta(seconds=fields.pop("expires_seconds", 3600))
+        decision = await tether.approval(expires_in=expires, **fields)
+        outcome: dict[str, Any] = {
+            "status": decision.status,
+            "option": decision.option,
+            "reviewer": decision.reviewer,
+            "comment": decision.comment,
+            "response": decision.response,
+        }
+        if decision.approved:
+            outcome["act"] = await act("1.2.3")
+        return outcome
+
+    return app
+
+
+async def start_approval(app: tether.App, run_id: str, **fields: Any) -> tether.Approval:
+    """Start `ask` with these approval fields and return its approval once it is pending."""
+    starter = fields.pop("starter", None)
+    await app.start("ask", fields, id=run_id, started_by=starter)
+    async with asyncio.timeout(10):
+        while not (found := await app.list_approvals(run_id=run_id)):
+            await asyncio.sleep(0.01)
+    return found[0]
+
+
+async def sign_in(client: httpx.AsyncClient, person: Person) -> httpx.Response:
+    """Sign in through the form, as a browser would (Origin header included)."""
+    response = await client.post("/login", data={"token": person.token},
+                                 headers={"Origin": str(client.base_url).rstrip("/")})  # fmt: skip
+    assert response.status_code == 303, response.text
+    return response
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveServer:
+    url: str
+    uvicorn: uvicorn.Server

@@ -1,0 +1,138 @@
+"""The inbox in a real browser (headless Chromium through Playwright) against uvicorn on
+127.0.0.1: a reviewer signs in by pasting the token, opens the approval and approves it, and the
+run completes; the inbox updates live; markup in approvals never runs; the page's script works
+under the CSP without a single violation. Without /usr/bin/chromium these tests skip loudly, and
+fail in CI (CI=true)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import AsyncIterator
+
+import pytest
+from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
+from tests.server.kit import LiveServer, Person, start_approval
+
+import tether
+
+pytestmark = pytest.mark.timeout(60)
+
+CHROMIUM = "/usr/bin/chromium"
+# The machine has no network: no first-run, sync, component or QUIC traffic.
+FLAGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+WAIT_MS = 10_000
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    if shutil.which(CHROMIUM) is None:
+        message = f"NO CHROMIUM at {CHROMIUM}: install Debian's `chromium`; browser tests skipped"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+def problems() -> list[str]:
+    """Console errors and uncaught exceptions of `page` (CSP violations included)."""
+    return []
+
+
+@pytest.fixture
+async def page(
+    browser: Browser, live_server: LiveServer, problems: list[str]
+) -> AsyncIterator[Page]:
+    """A fresh page on the live server; what goes wrong in it lands in `problems`."""
+    context = await browser.new_context(base_url=live_server.url)
+    opened = await context.new_page()
+
+    def note(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            problems.append(message.text)
+
+    opened.on("console", note)
+    opened.on("pageerror", lambda error: problems.append(str(error)))
+    try:
+        yield opened
+    finally:
+        await context.close()
+
+
+async def sign_in(page: Page, person: Person) -> None:
+    await page.goto("/")
+    await page.fill("#token", person.token)
+    await page.click("#signin button[type=submit]")
+    await page.wait_for_selector("h1:text('Inbox')", timeout=WAIT_MS)
+
+
+async def test_a_reviewer_signs_in_opens_the_approval_approves_it_and_the_run_completes(
+    app: tether.App, page: Page, alice: Person, problems: list[str]
+) -> None:
+    ask = await start_approval(app, "run-click")
+    await sign_in(page, alice)
+    item = page.locator(f'[data-approval-id="{ask.id}"]')
+    await expect(item).to_contain_text("Deploy 1.2.3 to prod?")
+    # The countdown is live (the script runs under the CSP).
+    await expect(item.locator(".countdown")).to_have_text(re.compile(r"expires in (59|60)m"))
+    await item.locator("a.item-title").click()
+    await expect(page.locator("h1.title")).to_have_text("Deploy 1.2.3 to prod?")
+    await expect(page.locator("#digest")).to_have_text(ask.operation_digest)
+    await page.fill("#comment", "looks good")
+    await page.click("button[name=option][value=approve]")
+    await expect(page.locator(".decision")).to_contain_text("Approved by alice", timeout=WAIT_MS)
+    result = await (await app.get("run-click")).result(timeout=10)
+    assert (result["status"], result["reviewer"], result["comment"]) == (
+        "approved", "alice", "looks good")  # fmt: skip
+    assert result["act"] == "did 1.2.3"
+    assert problems == []
+
+
+async def test_the_open_inbox_shows_a_new_approval_without_a_reload(
+    app: tether.App, page: Page, alice: Person, problems: list[str]
+) -> None:
+    await sign_in(page, alice)
+    await expect(page.locator(".empty")).to_contain_text("Nothing is waiting for you.")
+    await page.wait_for_selector("body[data-connected]", timeout=WAIT_MS)
+    await page.evaluate("window.__still_here = 'yes'")
+    ask = await start_approval(app, "run-arrives", title="Rotate the keys?")
+    item = page.locator(f'[data-approval-id="{ask.id}"]')
+    await expect(item).to_contain_text("Rotate the keys?", timeout=WAIT_MS)
+    assert await page.evaluate("window.__still_here") == "yes"  # the same document: no reload
+    assert await page.evaluate("document.body.dataset.refreshed") == "1"
+    # A decision elsewhere takes it out of the open inbox, again without a reload.
+    await app.decide(ask.id, "reject", reviewer=alice.user.reviewer,
+                     operation_digest=ask.operation_digest)  # fmt: skip
+    await expect(item).to_have_count(0, timeout=WAIT_MS)
+    assert await page.evaluate("window.__still_here") == "yes"
+    assert problems == []
+
+
+async def test_markup_in_an_approval_never_runs_in_the_browser(
+    app: tether.App, page: Page, alice: Person, problems: list[str]
+) -> None:
+    title = '<img src=x onerror="window.__pwned=1">'
+    description = "<script>window.__pwned=1</script>"
+    ask = await start_approval(app, "run-xss", title=title, description=description,
+                               context={"html": title + description})  # fmt: skip
+    await sign_in(page, alice)
+    await expect(page.locator(f'[data-approval-id="{ask.id}"] a.item-title')).to_have_text(title)
+    assert await page.evaluate("typeof window.__pwned") == "undefined"
+    await page.goto(f"/approvals/{ask.id}")
+    await expect(page.locator("h1.title")).to_have_text(title)
+    await expect(page.locator(".prose")).to_have_text(description)
+    assert await page.locator("img").count() == 0
+    assert await page.locator("main script").count() == 0
+    await page.wait_for_timeout(300)  # time for anything that would fire
+    assert await page.evaluate("typeof window.__pwned") == "undefined"
+    assert problems == []
