@@ -17,6 +17,7 @@ from tether.errors import ApprovalRefused
 from tether.server.api import build_router, refused
 from tether.server.auth import Auth
 from tether.server.http import MAX_BODY, Hygiene
+from tether.server.inbox import build_inbox
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -45,6 +46,7 @@ def create_server(
     server.state.auth = auth
     server.add_exception_handler(ApprovalRefused, refused)
     server.include_router(build_router(app))
+    server.include_router(build_inbox(app))  # the inbox for people, its assets and /live
     server.add_middleware(Hygiene, max_body=max_body, hsts=secure_cookies)
 
     return server
