@@ -18,15 +18,20 @@ durably: the due time of the next attempt is stored, and a long delay releases t
 then. Steps declared `at_most_once` write a start marker; a crash between marker and outcome is
 reconciled by a hook or fails the run with StepOutcomeUnknown, never silently re-run. On SQLite
 a single writer thread group-commits the checkpoints of many runs into one transaction and one
-fsync (WAL, FULL). Values are JSON (never pickle), rebuilt from type hints. Layering, downwards
-only: app/cli -> core (registry, context, step, runner, worker, lease, handle) -> store.base ->
-serde, clock, errors; backends (store.sqlite, store.memory) are chosen by URL at run time.
+fsync (WAL, FULL). Values are JSON (never pickle), rebuilt from type hints. A run writes chunks
+to *streams* (`tether.stream(key).write(...)`): append-only logs, offset by offset, that
+`app.read_stream` follows live; a failed step attempt's chunks are retracted by a reset marker.
+Layering, downwards only: app/cli -> approvals, streams -> core (registry, context, step, runner,
+worker, lease, handle) -> store.base -> serde, clock, errors; backends (store.sqlite,
+store.memory) are chosen by URL at run time.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from tether import models
+from tether.agents import Agent, AgentResult, MaxTurnsExceeded, Tool
 from tether.app import App, Rate
 from tether.approvals import (
     APPROVE_REJECT,
@@ -83,6 +88,7 @@ from tether.errors import (
     WorkflowTimeout,
 )
 from tether.store.base import Checkpoint, CheckpointStatus, RunStatus
+from tether.streams import StreamReset, stream
 from tether.sync import SyncApp, SyncRunHandle
 
 __version__ = "0.1.0"
@@ -94,6 +100,11 @@ def now() -> datetime:
 
 
 __all__ = [
+    "models",
+    "Tool",
+    "MaxTurnsExceeded",
+    "AgentResult",
+    "Agent",
     "APPROVE_REJECT",
     "operation_digest",
     "approval",
@@ -136,6 +147,7 @@ __all__ = [
     "StepOutcomeUnknown",
     "StepTimeout",
     "StoreUnavailable",
+    "StreamReset",
     "SyncApp",
     "SyncRunHandle",
     "TetherError",
@@ -151,6 +163,7 @@ __all__ = [
     "sleep",
     "sleep_until",
     "start_child",
+    "stream",
     "timer",
     "timer_until",
     "uuid4",

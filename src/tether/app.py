@@ -7,12 +7,15 @@ and the handles. It holds no execution logic and imports no backend directly.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
+from tether import streams
+from tether.agents.tools import NeedsApproval, Tool, make_tool
 from tether.approvals import manage
 from tether.approvals.model import Approval, Decision, HistoryEntry, Reviewer
 from tether.approvals.notify import Notifier
@@ -30,6 +33,7 @@ from tether.errors import ConfigurationError, EventRefused, RunNotFound
 from tether.serde import DEFAULT_MAX_PAYLOAD, Serde
 from tether.store import default_url, store_from_url
 from tether.store.base import QueueLimits, RunStatus, Store
+from tether.streams import check_stream_key
 
 if TYPE_CHECKING:
     from tether.sync import SyncApp
@@ -203,6 +207,30 @@ class App:
             )
 
         return register(fn) if fn is not None else _StepDecorator(register)
+
+    def tool(
+        self,
+        fn: Any = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        needs_approval: NeedsApproval = False,
+        reviewers: Sequence[str] = ("*",),
+        approval_expires_in: timedelta = timedelta(hours=1),
+        retry: Retry | None = None,
+        timeout: timedelta | None = None,
+    ) -> Any:
+        """Register a function as a tool for `tether.Agent`: a step whose JSON schema comes
+        from its signature and description from its docstring. With `needs_approval` (True, or
+        a function of the call's arguments) the agent asks `reviewers` before each call."""
+
+        def register(f: Callable[..., Any]) -> Tool[..., Any]:
+            return make_tool(f, name=name, description=description, needs_approval=needs_approval,
+                             reviewers=reviewers, approval_expires_in=approval_expires_in,
+                             retry=retry, timeout=timeout)  # fmt: skip
+
+        return register(fn) if fn is not None else register
 
     def queue(
         self,
@@ -431,3 +459,26 @@ class App:
         """Check audit trails against their hash chains: {approval id: problems}."""
         await self.open()
         return await manage.verify(self.engine, approval_id)
+
+    # -- streams ------------------------------------------------------------------------------
+
+    def read_stream(
+        self, run_id: str, key: str, offset: int = 0, *, follow: bool = True
+    ) -> AsyncGenerator[tuple[int, object], None]:
+        """The run's stream `key` from `offset` on, as `(offset, chunk)` pairs and `(offset,
+        tether.StreamReset)` markers (drop the chunks at its offsets). With `follow` it waits
+        for new entries until the run ends, then stops; RunNotFound (at the first iteration)
+        for an unknown run. Close it (`contextlib.aclosing`) if you stop reading early."""
+        check_stream_key(key)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ConfigurationError(f"a stream offset is an int >= 0, not {offset!r}")
+        return self._read_stream(run_id, key, offset, follow)
+
+    async def _read_stream(
+        self, run_id: str, key: str, offset: int, follow: bool
+    ) -> AsyncGenerator[tuple[int, object], None]:
+        await self.open()
+        async with contextlib.aclosing(streams.read(self.engine, run_id, key, offset,
+                                                    follow=follow)) as entries:  # fmt: skip
+            async for entry in entries:
+                yield entry

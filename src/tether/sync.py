@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -159,3 +159,24 @@ class SyncApp:
 
     def verify_approvals(self, approval_id: str | None = None) -> dict[str, list[str]]:
         return self._portal.call(self._app.verify_approvals(approval_id))
+
+    def read_stream(
+        self, run_id: str, key: str, offset: int = 0, *, follow: bool = True
+    ) -> Iterator[tuple[int, object]]:
+        """`app.read_stream` as a blocking iterator: each step waits on the portal's loop."""
+        entries = self._app.read_stream(run_id, key, offset, follow=follow)
+
+        async def step() -> tuple[bool, tuple[int, object] | None]:
+            try:
+                return True, await entries.__anext__()
+            except StopAsyncIteration:
+                return False, None
+
+        try:
+            while True:
+                more, entry = self._portal.call(step())
+                if not more or entry is None:
+                    return
+                yield entry
+        finally:
+            self._portal.call(entries.aclose())

@@ -66,15 +66,32 @@ class Abandon(_Signal):
         self.cause = cause
 
 
+# Told how a step attempt's body ended (None: it returned; else what it raised), before the
+# attempt's checkpoint is written: what was attached to the attempt settles (a stream writer
+# flushes its buffered chunks, or retracts them). An Exception means the attempt failed; any
+# other BaseException (a cancellation, a lost lease) that it is being interrupted: no store
+# writes then.
+Finalizer = Callable[[BaseException | None], Awaitable[None]]
+
+
 @dataclass(slots=True)
 class StepContext:
     run_id: str
     name: str
     attempt: int
+    finalizers: list[Finalizer] = field(default_factory=list)
+    # What helpers above core attach to this attempt, by a key of their own.
+    attached: dict[object, object] = field(default_factory=dict)
 
     @property
     def idempotency_key(self) -> str:
         return idempotency_key_for(self.run_id, self.name)
+
+    async def finish(self, error: BaseException | None) -> None:
+        """Await the finalizers, in the order they were added, each once."""
+        finalizers, self.finalizers = self.finalizers, []
+        for finalizer in finalizers:
+            await finalizer(error)
 
 
 def idempotency_key_for(run_id: str, checkpoint_name: str) -> str:
@@ -276,6 +293,18 @@ def current_run(helper: str) -> RunContext:
 
 def current_step() -> StepContext | None:
     return _STEP.get()
+
+
+def current_scope(helper: str) -> tuple[RunContext, StepContext | None]:
+    """The run being executed and, inside one of its steps, the step attempt: for helpers
+    that work in workflow code and in steps alike. Raises NotInWorkflow outside a run."""
+    ctx = _RUN.get()
+    if ctx is None:
+        raise NotInWorkflow(
+            f"tether.{helper}() only works inside a running workflow or one of its steps; "
+            f"call it from the workflow or step code that App executes"
+        )
+    return ctx, _STEP.get()
 
 
 def _recorded(helper: str, make: Any) -> Any:

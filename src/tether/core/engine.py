@@ -52,6 +52,10 @@ class Engine:
 
     held_waits: int = 0  # runs holding a wait in memory now (at most settings.max_held_waits)
 
+    # Futures of this process's stream readers waiting at the end of a stream, by (run, key):
+    # resolved when something is appended here, or when the run stops executing here.
+    stream_waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = field(default_factory=dict)
+
     def wake_future(self, run_id: str) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.wake_futures.setdefault(run_id, set()).add(future)
@@ -72,9 +76,31 @@ class Engine:
         if run_id not in self.wake_futures and self.worker is not None:
             self.worker.notify()
 
+    def stream_future(self, run_id: str, key: str) -> asyncio.Future[None]:
+        """A future resolved at the next append to the stream (or stop of its run) here."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.stream_waiters.setdefault((run_id, key), set()).add(future)
+        return future
+
+    def drop_stream_future(self, run_id: str, key: str, future: asyncio.Future[None]) -> None:
+        futures = self.stream_waiters.get((run_id, key))
+        if futures is not None:
+            futures.discard(future)
+            if not futures:
+                del self.stream_waiters[(run_id, key)]
+
+    def stream_appended(self, run_id: str, key: str) -> None:
+        """Entries were appended to the stream: wake its readers in this process."""
+        for future in list(self.stream_waiters.get((run_id, key), ())):
+            _wake_reader(future)
+
     def run_ended(self, run_id: str, record: RunRecord | None) -> None:
         """Wake this process's callers waiting on the run; `record` is its final state, when
-        known (else they read it)."""
+        known (else they read it). Its stream readers look again too."""
+        for (run, _), readers in list(self.stream_waiters.items()):
+            if run == run_id:
+                for reader in list(readers):
+                    _wake_reader(reader)
         futures = self.wakeups.pop(run_id, [])
         if not futures:
             return
@@ -92,3 +118,16 @@ class Engine:
 def _resolve(future: asyncio.Future[RunRecord | None], record: RunRecord | None) -> None:
     if not future.done():
         future.set_result(record)
+
+
+def _wake_reader(future: asyncio.Future[None]) -> None:
+    """Resolve a stream reader's future from any thread (through its own loop if need be)."""
+    try:
+        running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if future.get_loop() is running:
+        if not future.done():
+            future.set_result(None)
+    else:
+        future.get_loop().call_soon_threadsafe(_wake_reader, future)

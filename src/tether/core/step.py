@@ -21,7 +21,7 @@ from tether.core.context import _RUN, _STEP, ReplayNow, RunContext, StepContext,
 from tether.core.retry import Retry
 from tether.core.workflow import type_hints
 from tether.errors import ConfigurationError, StepOutcomeUnknown, StepTimeout
-from tether.serde import encode_error, rebuild_error
+from tether.serde import Serde, encode_error, rebuild_error
 from tether.store.base import Checkpoint, CheckpointStatus
 
 P = ParamSpec("P")
@@ -140,8 +140,8 @@ async def _execute(
             await ctx.write(outcome(status=CheckpointStatus.STARTED))
         ctx.enter_body()
         try:
-            value = await _run_body(step, ctx.run_id, name, attempts, args, kwargs)
-            text = serde.dumps(value, what=what)
+            step_ctx = StepContext(run_id=ctx.run_id, name=name, attempt=attempts)
+            value, text = await _attempt(step, step_ctx, args, kwargs, serde, what)
         except Exception as exc:
             error = (
                 exc
@@ -153,6 +153,10 @@ async def _execute(
             )
             if step.retry.retries(error, attempts):
                 delay = step.retry.delay(attempts, secrets.randbits(32) / (1 << 32))
+                # A provider that says when to come back (HTTP Retry-After) is believed.
+                asked = getattr(error, "retry_after", None)
+                if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > delay:
+                    delay = float(asked)
                 retry_at = clock.now() + delay
                 await ctx.write(outcome(status=CheckpointStatus.RETRYING, error=_error(error),
                                         finished_at=clock.now(), retry_at=retry_at))  # fmt: skip
@@ -188,15 +192,29 @@ def _replay_if_forced(ctx: RunContext) -> None:
         raise ReplayNow()
 
 
-async def _run_body(
+async def _attempt(
     step: Step[..., Any],
-    run_id: str,
-    name: str,
-    attempt: int,
+    step_ctx: StepContext,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
+    serde: Serde,
+    what: str,
+) -> tuple[Any, str]:
+    """One attempt: the body, its result's JSON, then what the attempt attached settles (its
+    finalizers, told how it ended), all before the attempt's checkpoint is written."""
+    try:
+        value = await _run_body(step, step_ctx, args, kwargs)
+        text = serde.dumps(value, what=what)
+    except BaseException as exc:
+        await step_ctx.finish(exc)
+        raise
+    await step_ctx.finish(None)
+    return value, text
+
+
+async def _run_body(
+    step: Step[..., Any], step_ctx: StepContext, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    step_ctx = StepContext(run_id=run_id, name=name, attempt=attempt)
     if step.is_async:
         token = _STEP.set(step_ctx)
         try:
@@ -237,13 +255,18 @@ async def _reconcile(
                        error=_error(error), attempts=attempts, finished_at=clock.now())
         )  # fmt: skip
         raise error
-    token = _STEP.set(StepContext(run_id=ctx.run_id, name=name, attempt=attempts))
+    step_ctx = StepContext(run_id=ctx.run_id, name=name, attempt=attempts)
+    token = _STEP.set(step_ctx)
     try:
         outcome = step.reconcile(*args, **kwargs)
         if inspect.isawaitable(outcome):
             outcome = await outcome
+    except BaseException as exc:
+        await step_ctx.finish(exc)
+        raise
     finally:
         _STEP.reset(token)
+    await step_ctx.finish(None)
     if outcome is NOT_DONE:
         return NOT_DONE
     serde = ctx.engine.serde

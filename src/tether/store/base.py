@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from tether.errors import DuplicateRun
+from tether.errors import DuplicateRun, LeaseLost
 from tether.store.approval_rows import ApprovalChange, ApprovalRecord, AuditEntry, ChangeFn
 from tether.store.user_rows import UserRecord
 
@@ -167,6 +167,53 @@ class WorkerInfo:
 class HeartbeatReply:
     lost: list[str]  # run ids whose lease this worker no longer holds
     cancel: list[str]  # run ids it holds that someone asked to cancel
+
+
+class StreamKind(StrEnum):
+    CHUNK = "chunk"  # data: the JSON of one value a run wrote
+    RESET = "reset"  # data: a JSON list of the offsets of chunks it retracts
+
+
+@dataclass(frozen=True, slots=True)
+class StreamAppend:
+    """An entry to append to a stream; the store gives it its offset."""
+
+    kind: StreamKind
+    data: str
+    writer: str  # the checkpoint name of the step (or workflow write) that wrote it
+    attempt: int = 0  # the step attempt that wrote it (0: workflow code)
+    ref: str | None = None  # dedupe reference: an entry whose ref the stream holds is skipped
+
+
+@dataclass(frozen=True, slots=True)
+class StreamEntry:
+    """An entry of a stream, as stored: append-only, addressed by its offset."""
+
+    offset: int
+    kind: StreamKind
+    data: str
+    writer: str
+    attempt: int
+    ref: str | None
+    created_at: float
+
+
+def unretracted(entries: Sequence[StreamEntry]) -> list[int]:
+    """The offsets of the chunks among `entries` that no reset among them names, in order."""
+    retracted: set[int] = set()
+    for entry in entries:
+        if entry.kind is StreamKind.RESET:
+            retracted.update(json.loads(entry.data))
+    return [e.offset for e in entries if e.kind is StreamKind.CHUNK and e.offset not in retracted]
+
+
+def stream_lease_lost(lease: Lease, key: str) -> LeaseLost:
+    """The error for an append to a stream by a worker that no longer holds the run."""
+    return LeaseLost(
+        f"worker {lease.worker_id!r} no longer holds run {lease.run_id!r} at epoch "
+        f"{lease.epoch} (another worker adopted it, or it ended); its write to stream {key!r} "
+        f"was not stored, and this worker stops executing the run"
+    )
 
 
 class Store(Protocol):
@@ -341,3 +388,25 @@ class Store(Protocol):
 
     async def revoke_user(self, name: str, now: float) -> UserRecord | None:
         """Mark the user revoked (keeping the first revocation time); None if unknown."""
+
+    # -- streams (append-only, offset-addressed logs of a run's chunks; see docs/streams.md) --
+
+    async def append_stream(
+        self, lease: Lease, key: str, entries: Sequence[StreamAppend], now: float
+    ) -> list[int]:
+        """Append `entries`, in order, to the stream (lease.run_id, key) and return their
+        offsets: contiguous from the stream's end (its first entry is offset 0), never handed
+        out twice, even to concurrent appenders in other processes. An entry whose ref the
+        stream already holds (from an earlier append, or earlier in this one) is not written:
+        its offset is the one stored under that ref. Raises LeaseLost if the lease is not held
+        (nothing is written)."""
+
+    async def read_stream(
+        self, run_id: str, key: str, offset: int, limit: int
+    ) -> list[StreamEntry]:
+        """Up to `limit` entries of the stream from `offset` on, by offset (empty for a stream
+        or run that does not exist)."""
+
+    async def stream_unretracted(self, run_id: str, key: str, writer: str) -> list[int]:
+        """The offsets of the chunks that `writer` appended to the stream and that no reset
+        names, in order (`unretracted` of the writer's entries)."""

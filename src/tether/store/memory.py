@@ -40,10 +40,11 @@ from tether.store.base import (
     duplicate_run,
     queue_budget,
 )
+from tether.store.memory_streams import MemoryStreams
 from tether.store.user_rows import UserRecord
 
 
-class MemoryStore:
+class MemoryStore(MemoryStreams):
     """An in-memory Store. Each method runs whole under one lock and never awaits inside."""
 
     url: str = "memory://"
@@ -58,6 +59,8 @@ class MemoryStore:
         self._approvals: dict[str, ApprovalRecord] = {}
         self._audit: dict[str, list[AuditEntry]] = {}
         self._users: dict[str, UserRecord] = {}
+        self._streams = {}
+        self._stream_refs = {}
 
     async def open(self) -> None:
         """Nothing to connect to."""

@@ -57,6 +57,7 @@ from tether.store.base import (
     duplicate_run,
     queue_budget,
 )
+from tether.store.postgres_streams import PostgresStreams
 from tether.store.postgres_users import PostgresUsers
 from tether.store.rows import audit_to_row, checkpoint_from_row, load_sql, run_from_row
 
@@ -100,7 +101,7 @@ async def _deliver_event(conn: Conn, run_id: str, key: str, payload: str, now: f
     await conn.execute(f"NOTIFY {CHANNEL}")
 
 
-class PostgresStore(PostgresUsers):
+class PostgresStore(PostgresUsers, PostgresStreams):
     """Store on a PostgreSQL database; many workers on many machines may share it."""
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:

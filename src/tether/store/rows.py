@@ -1,8 +1,8 @@
 """What the SQL backends share: loading their named queries and migrations from sql/<dialect>/,
 and turning rows into the port's records (and audit entries into rows).
 
-It knows the column order of the run, checkpoint, approval and audit queries, nothing of any
-database driver.
+It knows the column order of the run, checkpoint, approval, audit and stream queries, nothing
+of any database driver.
 """
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from importlib import resources
 from typing import Any
 
 from tether.store.approval_rows import APPROVAL_COLUMNS, AUDIT_COLUMNS, AuditEntry
-from tether.store.base import Checkpoint, CheckpointStatus, RunRecord, RunStatus
+from tether.store.base import (
+    Checkpoint,
+    CheckpointStatus,
+    RunRecord,
+    RunStatus,
+    StreamEntry,
+    StreamKind,
+)
 
 RUN_COLUMNS = (
     "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
@@ -65,3 +72,12 @@ def checkpoint_from_row(row: Sequence[Any]) -> Checkpoint:
 def audit_to_row(entry: AuditEntry) -> dict[str, Any]:
     """Parameters of an insert_audit query (named like AUDIT_COLUMNS)."""
     return {f: getattr(entry, f) for f in AuditEntry.__dataclass_fields__}
+
+
+_KINDS = {kind.value: kind for kind in StreamKind}
+
+
+def stream_entry_from_row(row: Sequence[Any]) -> StreamEntry:
+    """A stream entry from the columns of the read_stream query (a reader's hot path: by
+    position, the kind looked up rather than parsed)."""
+    return StreamEntry(row[0], _KINDS[row[1]], row[2], row[3], row[4], row[5], row[6])

@@ -45,6 +45,7 @@ from tether.store.base import (
 )
 from tether.store.rows import audit_to_row, checkpoint_from_row, load_sql, run_from_row
 from tether.store.sqlite_commit import CommitQueue, parse_sqlite_url
+from tether.store.sqlite_streams import SqliteStreams
 from tether.store.sqlite_users import SqliteUsers
 
 _Q, _MIGRATIONS = load_sql("sqlite")
@@ -62,7 +63,7 @@ def _lease_lost(conn: sqlite3.Connection, lease: Lease) -> LeaseLost:
     )
 
 
-class SqliteStore(SqliteUsers):
+class SqliteStore(SqliteUsers, SqliteStreams):
     """Store on one SQLite file; several processes may share the file."""
 
     def __init__(self, url: str, *, busy_timeout: float = 30.0) -> None:

@@ -257,3 +257,34 @@ SELECT name, groups, token_hash, created_at, revoked_at FROM tether_users ORDER 
 -- name: revoke_user
 UPDATE tether_users SET revoked_at = coalesce(revoked_at, %(now)s) WHERE name = %(name)s
 RETURNING name, groups, token_hash, created_at, revoked_at;
+
+-- name: lock_stream
+-- The stream's counter row, created at 0 if new, locked until the append commits: appenders
+-- of one stream take turns, in any number of processes.
+INSERT INTO tether_streams (run_id, key, next_offset) VALUES (%(run_id)s, %(key)s, 0)
+ON CONFLICT (run_id, key) DO UPDATE SET next_offset = tether_streams.next_offset
+RETURNING next_offset;
+
+-- name: stream_refs
+SELECT ref, "offset" FROM tether_stream_entries
+WHERE run_id = %(run_id)s AND key = %(key)s AND ref = ANY(%(refs)s);
+
+-- name: insert_stream_entries
+INSERT INTO tether_stream_entries (run_id, key, "offset", kind, data, writer, attempt, ref,
+                                   created_at)
+SELECT %(run_id)s, %(key)s, o, k, d, w, a, r, %(now)s
+FROM unnest(%(offsets)s::bigint[], %(kinds)s::text[], %(datas)s::text[], %(writers)s::text[],
+            %(attempts)s::integer[], %(refs)s::text[]) AS t (o, k, d, w, a, r);
+
+-- name: set_stream_next
+UPDATE tether_streams SET next_offset = %(next)s WHERE run_id = %(run_id)s AND key = %(key)s;
+
+-- name: read_stream
+SELECT "offset", kind, data, writer, attempt, ref, created_at FROM tether_stream_entries
+WHERE run_id = %(run_id)s AND key = %(key)s AND "offset" >= %(offset)s
+ORDER BY "offset" LIMIT %(limit)s;
+
+-- name: stream_writer_entries
+SELECT "offset", kind, data, writer, attempt, ref, created_at FROM tether_stream_entries
+WHERE run_id = %(run_id)s AND key = %(key)s AND writer = %(writer)s
+ORDER BY "offset";

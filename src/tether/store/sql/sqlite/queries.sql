@@ -239,3 +239,26 @@ SELECT name, groups, token_hash, created_at, revoked_at FROM tether_users ORDER 
 -- name: revoke_user
 UPDATE tether_users SET revoked_at = coalesce(revoked_at, :now) WHERE name = :name
 RETURNING name, groups, token_hash, created_at, revoked_at;
+
+-- name: stream_next_offset
+SELECT coalesce(max("offset") + 1, 0) FROM tether_stream_entries
+WHERE run_id = :run_id AND key = :key;
+
+-- name: stream_ref
+SELECT "offset" FROM tether_stream_entries WHERE run_id = :run_id AND key = :key AND ref = :ref;
+
+-- name: insert_stream_entry
+-- Bound by position (?1..?9): a batch of a step's chunks inserts hundreds of rows at once.
+INSERT INTO tether_stream_entries (run_id, key, "offset", kind, data, writer, attempt, ref,
+                                   created_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9);
+
+-- name: read_stream
+SELECT "offset", kind, data, writer, attempt, ref, created_at FROM tether_stream_entries
+WHERE run_id = :run_id AND key = :key AND "offset" >= :offset
+ORDER BY "offset" LIMIT :limit;
+
+-- name: stream_writer_entries
+SELECT "offset", kind, data, writer, attempt, ref, created_at FROM tether_stream_entries
+WHERE run_id = :run_id AND key = :key AND writer = :writer
+ORDER BY "offset";
