@@ -52,6 +52,17 @@ def build_app(url: str) -> tether.App:
     async def act(version: str) -> str:
         return f"did {version}"
 
+    @app.step()
+    async def speak(words: list[str], pause: float) -> int:
+        for word in words:
+            await tether.stream("tokens").write(word)
+            await asyncio.sleep(pause)
+        return len(words)
+
+    @app.workflow()
+    async def talk(words: list[str], pause: float) -> int:
+        return await speak(words, pause)
+
     @app.workflow()
     async def ask(spec: dict[str, Any]) -> dict[str, Any]:
         await prepare(spec)

@@ -51,6 +51,16 @@ def build_app(url: str) -> tether.App:
         )  # fmt: skip
         return await deploy(version) if decision.approved else decision.status
 
+    @app.step()
+    async def speak(words: list[str]) -> int:
+        for word in words:
+            await tether.stream("tokens").write(word)
+        return len(words)
+
+    @app.workflow()
+    async def talk(words: list[str]) -> int:
+        return await speak(words)
+
     return app
 
 
@@ -204,10 +214,49 @@ async def test_admin_sends_events_and_cancels_runs(api: Api) -> None:
     assert missing.status_code == 404
 
 
+def sse_events(text: str) -> list[tuple[str | None, str, str]]:
+    """(id, event, data) of each event of an SSE body; comments are skipped."""
+    events = []
+    for block in text.strip().split("\n\n"):
+        lines = [line for line in block.splitlines() if not line.startswith(":")]
+        fields = dict(line.split(": ", 1) for line in lines)
+        if fields:
+            events.append((fields.get("id"), fields["event"], fields["data"]))
+    return events
+
+
+async def test_a_stream_is_served_as_sse_and_resumes_from_an_offset_or_the_last_event_id(
+    api: Api,
+) -> None:
+    words = ["a", "b", "<script>", "password=hunter2 sk-" + "x" * 24]
+    handle = await api.app.start("talk", words, id="r-talk")
+    assert await handle.result(timeout=10) == 4
+    root = api.as_("root")
+    whole = await api.client.get("/api/runs/r-talk/streams/tokens", headers=root)
+    assert whole.status_code == 200
+    assert whole.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(whole.text)
+    assert [(i, e) for i, e, _ in events] == [("0", "chunk"), ("1", "chunk"), ("2", "chunk"),
+                                              ("3", "chunk"), (None, "end")]  # fmt: skip
+    assert [json.loads(d) for _, e, d in events if e == "chunk"][:3] == ["a", "b", "<script>"]
+    assert "sk-xxxx" not in whole.text  # secrets are redacted on the way out
+    assert json.loads(events[-1][2]) == {"status": "succeeded"}
+    from_offset = await api.client.get("/api/runs/r-talk/streams/tokens?offset=2", headers=root)
+    assert [i for i, e, _ in sse_events(from_offset.text) if e == "chunk"] == ["2", "3"]
+    resumed = await api.client.get("/api/runs/r-talk/streams/tokens",
+                                   headers={**root, "Last-Event-ID": "2"})  # fmt: skip
+    assert [i for i, e, _ in sse_events(resumed.text) if e == "chunk"] == ["3"]
+    eve = await api.client.get("/api/runs/r-talk/streams/tokens", headers=api.as_("eve"))
+    assert eve.status_code == 404
+    bad = await api.client.get("/api/runs/r-talk/streams/tokens",
+                               headers={**root, "Last-Event-ID": "x"})  # fmt: skip
+    assert bad.status_code == 400
+
+
 async def test_the_openapi_document_lists_every_status_of_every_operation(api: Api) -> None:
     document = (await api.client.get("/openapi.json")).json()
     operations = [op for path in document["paths"].values() for op in path.values()]
-    assert len(operations) == 7
+    assert len(operations) == 8
     for operation in operations:
         codes = set(operation["responses"])
         assert {"400", "401", "403", "404", "409", "413", "422"} <= codes, operation["summary"]

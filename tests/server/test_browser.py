@@ -136,3 +136,24 @@ async def test_markup_in_an_approval_never_runs_in_the_browser(
     await page.wait_for_timeout(300)  # time for anything that would fire
     assert await page.evaluate("typeof window.__pwned") == "undefined"
     assert problems == []
+
+
+async def test_a_run_page_shows_its_output_live_and_again_after_a_reload(
+    app: tether.App, page: Page, admin: Person, problems: list[str]
+) -> None:
+    words = [f"w{n} " for n in range(30)]
+    await sign_in(page, admin)
+    handle = await app.start("talk", words, 0.1, id="run-talk")
+    await page.goto("/runs/run-talk")
+    await page.evaluate("window.__still_here = 'yes'")
+    output = page.locator("#run-stream .stream-text")
+    await expect(output).to_contain_text("w0 ", timeout=WAIT_MS)
+    assert not (await handle.status()).terminal  # the output arrived while the run went on
+    await expect(page.locator("#run-stream")).to_have_attribute("data-ended", "1",
+                                                                 timeout=WAIT_MS)  # fmt: skip
+    assert await handle.result(timeout=10) == 30
+    assert await output.text_content() == "".join(words)
+    assert await page.evaluate("window.__still_here") == "yes"
+    await page.reload()  # a new page reads the stream from its start
+    await expect(output).to_have_text("".join(words), timeout=WAIT_MS)
+    assert problems == []

@@ -9,7 +9,7 @@ cancel runs and send events. Routes validate and translate; the library does the
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.app import App
@@ -24,7 +24,9 @@ from tether.errors import (
 )
 from tether.server.auth import Auth
 from tether.server.http import StrictRoute
+from tether.server.sse import event_stream, start_offset
 from tether.store.base import RunStatus
+from tether.streams import check_stream_key
 from tether.users import User
 from tether.views import approval_json, checkpoint_json, decision_json, run_json
 
@@ -113,6 +115,7 @@ def build_router(app: App) -> APIRouter:
     router = APIRouter(prefix="/api", route_class=StrictRoute, responses=ERRORS)
     access = Access(app)
     _run_routes(router, app, access)
+    _stream_route(router, app, access)
     _approval_routes(router, app, access)
     return router
 
@@ -169,6 +172,30 @@ def _run_routes(router: APIRouter, app: App, access: Access) -> None:
         except EventRefused as exc:
             raise HTTPException(409, str(exc)) from None
         return {"run_id": run_id, "key": key, "status": "delivered"}
+
+
+def _stream_route(router: APIRouter, app: App, access: Access) -> None:
+    @router.get(
+        "/runs/{run_id}/streams/{key}",
+        summary="A run's stream as Server-Sent Events (Last-Event-ID or ?offset= resumes)",
+        response_class=StreamingResponse,
+        responses={200: {"content": {"text/event-stream": {}},
+                         "description": "events `chunk` and `reset` (id: offset), then `end`"}},
+    )  # fmt: skip
+    async def run_stream(
+        run_id: RunId,
+        key: Annotated[str, Path(min_length=1, max_length=256)],
+        request: Request,
+        user: CurrentUser,
+        offset: Annotated[int | None, Query(ge=0)] = None,
+        follow: Annotated[bool, Query()] = True,
+    ) -> StreamingResponse:
+        await access.run(run_id, user)
+        try:
+            check_stream_key(key)
+        except ConfigurationError as exc:
+            raise HTTPException(422, str(exc)) from None
+        return event_stream(app, run_id, key, start_offset(request, offset), follow)
 
 
 def _approval_routes(router: APIRouter, app: App, access: Access) -> None:

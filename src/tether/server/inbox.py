@@ -37,6 +37,8 @@ from tether.server.live import (
     runs_for,
     state,
 )
+from tether.server.sse import event_stream, start_offset
+from tether.streams import check_stream_key
 from tether.users import User
 from tether.views import checkpoint_json, history_json, run_json, takes_response
 
@@ -425,6 +427,20 @@ def build_inbox(app: App) -> APIRouter:
     async def runs(request: Request) -> Response:
         visitor = await inbox.visitor(request)
         return inbox.to_sign_in(request) if visitor is None else await inbox.runs(visitor)
+
+    @router.get("/live/streams")
+    async def run_stream(request: Request, run: str, key: str = "tokens") -> Response:
+        """The run page's live output: the run's stream as SSE, for a signed-in person who
+        may see the run (EventSource resumes by Last-Event-ID after a reconnect)."""
+        visitor = await inbox.visitor(request)
+        if visitor is None:
+            raise HTTPException(401, "sign in first")
+        await inbox.access.run(run, visitor.user)
+        try:
+            check_stream_key(key)
+        except ConfigurationError as exc:
+            raise HTTPException(422, str(exc)) from None
+        return event_stream(app, run, key, start_offset(request, None), follow=True)
 
     @router.get("/runs/{run_id:path}")
     async def run(request: Request, run_id: str) -> Response:

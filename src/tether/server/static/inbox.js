@@ -139,3 +139,36 @@
     body.dataset.connected = "1";
   });
 })();
+
+(() => {
+  // -- a run's output: its stream, followed live; chunks by offset, resets drop them -----------
+
+  const panel = document.getElementById("run-stream");
+  if (panel) {
+    const text = panel.querySelector(".stream-text");
+    const shown = new Map();
+    const params = new URLSearchParams({ run: panel.dataset.runId, key: panel.dataset.streamKey });
+    const output = new EventSource(`/live/streams?${params}`);
+    const render = () => {
+      const offsets = [...shown.keys()].sort((a, b) => a - b);
+      const parts = offsets.map((k) => {
+        const chunk = shown.get(k);
+        return typeof chunk === "string" ? chunk : JSON.stringify(chunk);
+      });
+      text.textContent = parts.join("");
+      panel.hidden = offsets.length === 0;
+    };
+    output.addEventListener("chunk", (event) => {
+      shown.set(Number(event.lastEventId), JSON.parse(event.data));
+      render();
+    });
+    output.addEventListener("reset", (event) => {
+      for (const gone of JSON.parse(event.data).offsets) shown.delete(gone);
+      render();
+    });
+    output.addEventListener("end", () => {
+      output.close();
+      panel.dataset.ended = "1";
+    });
+  }
+})();
