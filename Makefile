@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test check demo bench browser clean
+.PHONY: install test check demo crash-demo bench browser clean
 
 install: $(STAMP)
 
@@ -28,6 +28,9 @@ browser:
 	command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium; }
 
 demo: install
+	$(BIN)/python examples/agent_demo.py
+
+crash-demo: install
 	$(BIN)/python examples/crash_demo.py
 
 bench: install
