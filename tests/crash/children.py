@@ -22,7 +22,7 @@ PYCACHE = Path(tempfile.gettempdir()) / f"tether-crash-pycache-{os.getuid()}"
 # driver may be missing (the PostgreSQL tests then skip).
 WARM = """
 import tether, tether.store.sqlite, tests.crash.proc, tests.crash.wait_proc
-import tests.crash.approval_flows
+import tests.crash.approval_flows, tests.crash.agent_flows
 try:
     import tether.store.postgres
 except ImportError:
