@@ -499,7 +499,8 @@ def test_every_command_and_option_has_help_text_and_help_exits_0() -> None:
     assert set(seen) >= {"", "runs", "runs list", "runs show", "runs cancel", "events",
                          "events send", "replay-check", "worker", "approvals", "approvals list",
                          "approvals show", "approvals approve", "approvals reject",
-                         "approvals history", "approvals verify"}  # fmt: skip
+                         "approvals history", "approvals verify", "runs resume", "users",
+                         "users add", "users list", "users revoke", "serve"}  # fmt: skip
 
 
 WORKER_MODULE = """
@@ -560,3 +561,77 @@ def test_worker_runs_a_pending_run_and_exits_0_promptly_on_sigterm(tmp_path: Pat
     assert "workflows: greet" in started
     assert "concurrency 4" in started
     assert stopped.endswith("stopped")
+
+
+def test_users_are_added_with_a_token_shown_once_listed_without_it_and_revoked(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/users.db"
+    added = invoke("users", "--database", url, "add", "alice", "--group", "sre")
+    assert added.exit_code == 0, added.output
+    token = added.stdout.strip().splitlines()[-1]
+    assert token.startswith("tt_")
+    listed = invoke("users", "--database", url, "list", "--json")
+    assert json.loads(listed.stdout) == [{"name": "alice", "groups": ["sre"], "active": True,
+                                          "created_at": json.loads(listed.stdout)[0]["created_at"],
+                                          "revoked_at": None}]  # fmt: skip
+    assert token not in listed.stdout
+    again = invoke("users", "--database", url, "add", "alice")
+    assert again.exit_code == 1
+    assert "revoke it first" in again.output
+    revoked = invoke("users", "--database", url, "revoke", "alice")
+    assert revoked.exit_code == 0
+    assert "alice revoked" in revoked.stdout
+    app = tether.App(url)
+
+    async def check() -> object:
+        try:
+            from tether.users import authenticate
+
+            await app.open()
+            return await authenticate(app.engine, token)
+        finally:
+            await app.close()
+
+    assert asyncio.run(check()) is None
+    unknown = invoke("users", "--database", url, "revoke", "bob")
+    assert unknown.exit_code == 1
+    assert "no user is named 'bob'" in unknown.output
+
+
+def test_a_failed_run_is_resumed_from_the_command_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/resume.db"
+    app = tether.App(url)
+    flag = tmp_path / "fixed"
+
+    @app.step(retry=tether.NO_RETRY)
+    async def flaky() -> str:
+        if not flag.exists():
+            raise RuntimeError("not yet")
+        return "ok"
+
+    @app.workflow()
+    async def once() -> str:
+        return await flaky()
+
+    async def first() -> None:
+        async with app:
+            with contextlib.suppress(tether.RunFailed):
+                await (await app.start(once, id="r1")).result(timeout=10)
+
+    asyncio.run(first())
+    not_failed = invoke("runs", "--database", url, "resume", "nope")
+    assert not_failed.exit_code == 1
+    flag.write_text("yes")
+    resumed = invoke("runs", "--database", url, "resume", "r1")
+    assert resumed.exit_code == 0, resumed.output
+    assert "pending" in resumed.stdout
+
+    async def finish() -> str:
+        async with app:
+            return str(await (await app.get("r1")).result(timeout=10))
+
+    assert asyncio.run(finish()) == "ok"
+    again = invoke("runs", "--database", url, "resume", "r1")
+    assert again.exit_code == 1
+    assert "only a failed run can be resumed" in again.output

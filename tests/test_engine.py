@@ -815,3 +815,43 @@ def test_the_sync_twin_starts_runs_and_waits_for_results(tmp_path: object) -> No
         assert handle.status() == RunStatus.SUCCEEDED
         assert [r.id for r in client.list_runs()] == ["s1"]
         assert client.get("s1").result() == 81
+
+
+async def test_a_failed_run_resumes_after_a_fix_and_only_the_failed_step_runs_again(
+    make_app: MakeApp,
+) -> None:
+    app = make_app()
+    ran: list[str] = []
+    fixed = False
+
+    @app.step()
+    async def fetch() -> int:
+        ran.append("fetch")
+        return 20
+
+    @app.step(retry=tether.NO_RETRY)
+    async def publish(n: int) -> int:
+        ran.append("publish")
+        if not fixed:
+            raise ValueError("the endpoint is down")
+        return n + 1
+
+    @app.workflow()
+    async def pipeline() -> int:
+        return await publish(await fetch())
+
+    async with app:
+        handle = await app.start(pipeline, id="resumable")
+        with pytest.raises(tether.RunFailed, match="the endpoint is down"):
+            await handle.result(timeout=10)
+        fixed = True
+        resumed = await app.resume("resumable")
+        assert await resumed.result(timeout=10) == 21
+        with pytest.raises(tether.ConfigurationError, match="is succeeded; only a failed run"):
+            await app.resume("resumable")
+        with pytest.raises(tether.RunNotFound):
+            await app.resume("nope")
+        [fetched, published] = await handle.checkpoints()
+    assert ran == ["fetch", "publish", "publish"]
+    assert (fetched.name, fetched.attempts) == ("fetch", 1)
+    assert (published.status, published.attempts) == (tether.CheckpointStatus.COMPLETED, 2)

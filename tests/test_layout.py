@@ -109,7 +109,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tether.store.postgres_streams",
     ),
     ("tether.core",),
-    ("tether.approvals", "tether.streams"),
+    ("tether.approvals", "tether.streams", "tether.telemetry"),
     ("tether.agents", "tether.models"),
     ("tether.app", "tether.sync", "tether.testing", "tether.views", "tether.users"),
     ("tether.server",),

@@ -98,6 +98,7 @@ class App:
         concurrency: int = 1000,
         force_replay: bool | None = None,
         notifiers: Sequence[Notifier] = (),
+        telemetry: bool | None = None,
     ) -> None:
         if lease_duration <= timedelta(0) or concurrency < 1:
             raise ConfigurationError(
@@ -123,6 +124,12 @@ class App:
                     f"and approval_decided(approval, decision) methods"
                 )
         self.engine.notifiers = list(notifiers)
+        # OpenTelemetry spans (docs/observability.md): off unless asked, since even without an
+        # SDK each span costs a few microseconds on the hot path. None: $TETHER_OTEL decides.
+        if _env_flag("TETHER_OTEL") if telemetry is None else telemetry:
+            from tether.telemetry.spans import enable
+
+            enable(self.engine, required=telemetry is not None)
         self._opened = False
 
     def __repr__(self) -> str:
@@ -353,6 +360,20 @@ class App:
                 f"not stored, since nothing would ever read it"
             )
         self.engine.wake(run_id)
+
+    async def resume(self, run_id: str) -> RunHandle[Any]:
+        """Give a failed run another go once its cause is fixed: completed steps replay from
+        their checkpoints, each step whose failure ended the run gets one more attempt under
+        the current code. Raises RunNotFound, and ConfigurationError unless the run failed."""
+        await self.open()
+        record = await self.engine.store.resume_run(run_id, self.engine.clock.now())
+        if record.status is not RunStatus.PENDING:
+            raise ConfigurationError(
+                f"run {run_id!r} is {record.status.value}; only a failed run can be resumed"
+            )
+        if self.engine.worker is not None:
+            self.engine.worker.notify()
+        return self._handle(run_id)
 
     async def get(self, run_id: str) -> RunHandle[Any]:
         """A handle on an existing run; raises RunNotFound."""

@@ -6,6 +6,7 @@ same answers as every other backend to the same sequence of operations.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -761,3 +762,38 @@ async def test_a_rate_limit_counts_first_claims_in_its_period(store: Store) -> N
     await store.finish_run(lease_of(claimed[1]), RunStatus.SUCCEEDED, "1", None, NOW + 31)
     later = await store.claim_runs("w1", [WF], NOW + 71, NOW + 90, 5, limits)
     assert [r.id for r in later] == ["r2", "r3"]
+
+
+# -- resume -----------------------------------------------------------------------------------
+
+
+async def test_resume_run_makes_a_failed_run_pending_and_its_failed_steps_due_again(
+    store: Store,
+) -> None:
+    await store.create_run(new("r-resume"), NOW)
+    lease = lease_of(await claim_one(store))
+    failed = dataclasses.replace(checkpoint(1, "publish", None), status=CheckpointStatus.FAILED,
+                                 error='{"type": "ValueError"}', attempts=3)  # fmt: skip
+    await store.write_checkpoint(lease, checkpoint(0, "fetch"), NOW)
+    await store.write_checkpoint(lease, failed, NOW)
+    await store.finish_run(lease, RunStatus.FAILED, None, '{"type": "ValueError"}', NOW + 1)
+    resumed = await store.resume_run("r-resume", NOW + 5)
+    assert (resumed.status, resumed.error, resumed.finished_at) == (RunStatus.PENDING, None, None)
+    assert resumed.owner is None
+    [kept, due] = await store.load_history("r-resume")
+    assert kept == checkpoint(0, "fetch")
+    assert (due.status, due.retry_at, due.attempts) == (CheckpointStatus.RETRYING, NOW + 5, 3)
+    again = await claim_one(store, now=NOW + 6)
+    assert (again.id, again.epoch) == ("r-resume", 2)
+
+
+async def test_resume_run_leaves_other_runs_as_they_are_and_refuses_unknown_ids(
+    store: Store,
+) -> None:
+    await store.create_run(new("r-ok"), NOW)
+    lease = lease_of(await claim_one(store))
+    await store.finish_run(lease, RunStatus.SUCCEEDED, "1", None, NOW + 1)
+    same = await store.resume_run("r-ok", NOW + 2)
+    assert (same.status, same.result) == (RunStatus.SUCCEEDED, "1")
+    with pytest.raises(RunNotFound):
+        await store.resume_run("missing", NOW)

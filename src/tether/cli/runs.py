@@ -148,3 +148,22 @@ def runs_cancel(ctx: click.Context, run_id: str) -> None:
     elif not after.terminal:
         line += Text(" (cancel requested)")
     console().print(line)
+
+
+@runs.command("resume")
+@click.argument("run_id", metavar="ID")
+@click.pass_context
+def runs_resume(ctx: click.Context, run_id: str) -> None:
+    """Give a failed run another go, once its cause is fixed (deploy the fix first).
+
+    Completed steps replay from their checkpoints; each step whose failure ended the run gets
+    one more attempt under the current code. A worker (`tether worker`) picks the run up.
+    """
+
+    async def work(app: App) -> RunStatus:
+        handle = await app.resume(run_id)
+        return await handle.status()
+
+    status = run_with_app(ctx, work)
+    console().print(Text(f"run {run_id!r}: ") + status_text(status)
+                    + Text(" (a worker resumes it from its checkpoints)"))  # fmt: skip

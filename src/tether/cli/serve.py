@@ -15,6 +15,7 @@ import click
 from tether.app import App
 from tether.cli.common import load_app
 from tether.errors import ConfigurationError
+from tether.telemetry.logs import install_logging
 
 
 async def run_server(app: App, host: str, port: int, *, worker: bool, secure: bool) -> None:
@@ -32,6 +33,7 @@ async def run_server(app: App, host: str, port: int, *, worker: bool, secure: bo
     config = uvicorn.Config(server, host=host, port=port, log_level="info", access_log=False,
                             proxy_headers=secure, server_header=False,
                             timeout_graceful_shutdown=5)  # fmt: skip
+    install_logging()  # after uvicorn's logging setup: Tether's records say [run=... step=...]
     if worker:
         async with app:
             await uvicorn.Server(config).serve()
@@ -47,7 +49,8 @@ async def run_server(app: App, host: str, port: int, *, worker: bool, secure: bo
 @click.argument("app_ref", metavar="MODULE:APP")
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to bind; 0.0.0.0 exposes the server to the network.")  # fmt: skip
-@click.option("--port", "-p", default=8000, show_default=True, type=click.IntRange(0, 65535))
+@click.option("--port", "-p", default=8000, show_default=True, type=click.IntRange(0, 65535),
+              help="Port to listen on.")  # fmt: skip
 @click.option("--worker/--no-worker", default=True, show_default=True,
               help="Also run the App's worker in this process.")  # fmt: skip
 @click.option(

@@ -14,6 +14,7 @@ import click
 
 from tether.app import App
 from tether.cli.common import load_app
+from tether.telemetry.logs import install_logging
 
 
 async def serve(app: App, concurrency: int | None, queues: tuple[str, ...] = ()) -> None:
@@ -64,4 +65,6 @@ def worker(app_ref: str, concurrency: int | None, queues: tuple[str, ...]) -> No
     The current directory is put on sys.path first, so `tether worker myapp:app` finds
     ./myapp.py. In-flight runs are released on stop, for the next worker to resume.
     """
-    asyncio.run(serve(load_app(app_ref), concurrency, queues))
+    app = load_app(app_ref)
+    install_logging()  # records of runs and steps say which: [run=... step=...]
+    asyncio.run(serve(app, concurrency, queues))

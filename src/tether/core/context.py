@@ -307,6 +307,12 @@ def current_scope(helper: str) -> tuple[RunContext, StepContext | None]:
     return ctx, _STEP.get()
 
 
+def ambient() -> tuple[RunContext | None, StepContext | None]:
+    """The run being executed here and its step attempt, each None when there is none: for
+    code that only describes where it is (log records), never raises."""
+    return _RUN.get(), _STEP.get()
+
+
 def _recorded(helper: str, make: Any) -> Any:
     ctx = current_run(helper)
     seq, name, recorded = ctx.slot(helper, helper)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tether.clock import Clock
+from tether.core.observe import Observer, combine
 from tether.serde import Serde
 from tether.store.base import QueueLimits, RunRecord, Store
 
@@ -52,9 +53,18 @@ class Engine:
 
     held_waits: int = 0  # runs holding a wait in memory now (at most settings.max_held_waits)
 
+    # Told of run executions and step attempts (tether.telemetry's spans and metrics); None
+    # while nothing watches, so the hot path pays one lookup. Install with observe().
+    observer: Observer | None = None
+
     # Futures of this process's stream readers waiting at the end of a stream, by (run, key):
     # resolved when something is appended here, or when the run stops executing here.
     stream_waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = field(default_factory=dict)
+
+    def observe(self, observer: Observer) -> None:
+        """Tell `observer` of every run execution and step attempt from now on (after the
+        observers installed before it)."""
+        self.observer = combine(self.observer, observer)
 
     def wake_future(self, run_id: str) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()

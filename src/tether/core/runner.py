@@ -24,6 +24,7 @@ from tether.core.context import (
     retry_store,
 )
 from tether.core.engine import Engine
+from tether.core.observe import RunOutcome
 from tether.core.workflow import Workflow
 from tether.errors import LeaseLost, StoreUnavailable, WorkflowTimeout
 from tether.serde import encode_error
@@ -49,6 +50,8 @@ class Runner:
         self.stopping = False  # the worker stops: leave the run for the next one
         self.timed_out = False  # the workflow's deadline passed while it ran
         self._in_workflow = False  # workflow code (not the runner's own bookkeeping) runs now
+        self.outcome = RunOutcome.ABANDONED  # how this execution stopped, for the observer
+        self.failure: BaseException | None = None  # what failed the run, if it failed
 
     def request_cancel(self) -> None:
         """End the run as cancelled: the workflow (and the step it awaits) sees CancelledError."""
@@ -64,17 +67,27 @@ class Runner:
 
     async def run(self) -> None:
         run_id = self.record.id
+        observer = self.engine.observer
+        watch = None
+        if observer is not None:
+            watch = observer.run_started(run_id, self.record.workflow, self.lease.epoch)
+        stopped: BaseException | None = None  # what stopped this execution short, if anything
         try:
             await self._run()
         except LeaseLost as exc:
+            stopped = exc
             log.warning("%s", exc)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
+            stopped = exc
             raise
-        except Exception:
+        except Exception as exc:
+            stopped = exc
             # The store failed while recording the outcome; the lease runs out and another
             # attempt (here or elsewhere) resumes the run from its checkpoints.
             log.exception("run %r stopped on a store error; it will be resumed", run_id)
         finally:
+            if observer is not None:
+                observer.run_ended(watch, self.outcome, stopped or self.failure)
             self.engine.run_ended(run_id, self.final)
 
     async def _run(self) -> None:
@@ -132,6 +145,7 @@ class Runner:
 
             await retry_store(engine, suspend, self._read_back(RunStatus.WAITING))
             self.suspended = True
+            self.outcome = RunOutcome.SUSPENDED
         elif isinstance(failure, Abandon):
             if isinstance(failure.cause, LeaseLost | StoreUnavailable):
                 raise failure.cause from None  # not the run's failure: stop, it is resumed
@@ -205,6 +219,7 @@ class Runner:
         return serde.dumps(result, what=f"result of workflow {workflow.name!r}")
 
     async def _fail(self, exc: BaseException) -> None:
+        self.failure = exc
         await self._finish(RunStatus.FAILED, None, json.dumps(encode_error(exc)))
 
     async def _finish(self, status: RunStatus, result: str | None, error: str | None) -> None:
@@ -214,6 +229,7 @@ class Runner:
             await self.engine.store.finish_run(self.lease, status, result, error, now)
 
         await retry_store(self.engine, finish, self._read_back(status))
+        self.outcome = RunOutcome(status.value)
         if self.record.parent_id is not None:
             self.engine.wake(self.record.parent_id)  # a parent waiting here learns at once
         self.final = dataclasses.replace(

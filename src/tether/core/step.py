@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
 from tether.core.context import _RUN, _STEP, ReplayNow, RunContext, StepContext, Suspend
+from tether.core.observe import StepOutcome
 from tether.core.retry import Retry
 from tether.core.workflow import type_hints
 from tether.errors import ConfigurationError, StepOutcomeUnknown, StepTimeout
@@ -110,69 +111,86 @@ async def _execute(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> R:
-    serde = ctx.engine.serde
     what = f"result of step {name!r}"
     attempts = 0
     if recorded is not None:
-        if recorded.status is CheckpointStatus.COMPLETED:
-            return serde.loads(recorded.result or "null", step.return_hint, what=what)  # type: ignore[return-value]
-        if recorded.status is CheckpointStatus.FAILED:
-            raise rebuild_error(json.loads(recorded.error or "{}"))
+        found = await _from_history(step, ctx, seq, name, recorded, args, kwargs, what)
+        if found is not NOT_DONE:
+            return found  # type: ignore[return-value]
         attempts = recorded.attempts
-        if recorded.status is CheckpointStatus.RETRYING and recorded.retry_at is not None:
-            await _wait_until(ctx, recorded.retry_at)
-        elif recorded.status is CheckpointStatus.STARTED:
-            outcome = await _reconcile(step, ctx, seq, name, attempts, args, kwargs)
-            if outcome is not NOT_DONE:
-                return outcome  # type: ignore[return-value]
     if ctx.pending:
         await ctx.flush()
-    clock = ctx.engine.clock
+    return await _attempts(step, ctx, seq, name, attempts, args, kwargs, what)
+
+
+async def _attempts(
+    step: Step[..., R],
+    ctx: RunContext,
+    seq: int,
+    name: str,
+    attempts: int,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    what: str,
+) -> R:
+    """Attempts of the step's body after the `attempts` made before, each recorded, until one
+    completes (its value returned), or one fails for good (raised)."""
+    clock, serde = ctx.engine.clock, ctx.engine.serde
+    # None unless something watches (tether.telemetry): then each attempt is told to it, and
+    # `watch` holds what it returned for the attempt until the attempt ends.
+    observer = ctx.engine.observer
     while True:
         attempts += 1
         started = clock.now()
+        told = False  # whether the observer heard how this attempt ended
 
         # This attempt's checkpoint, in whichever status it ends.
         outcome = functools.partial(
             Checkpoint, seq=seq, name=name, kind="step", attempts=attempts, started_at=started
         )
-        if step.at_most_once:
-            await ctx.write(outcome(status=CheckpointStatus.STARTED))
-        ctx.enter_body()
+        if observer is not None:
+            watch = observer.step_started(ctx.run_id, ctx.workflow, step.name, name, attempts)
         try:
-            step_ctx = StepContext(run_id=ctx.run_id, name=name, attempt=attempts)
-            value, text = await _attempt(step, step_ctx, args, kwargs, serde, what)
-        except Exception as exc:
-            error = (
-                exc
-                if not isinstance(exc, TimeoutError)
-                else StepTimeout(
-                    f"step {name!r} attempt {attempts} ran past its timeout of {step.timeout}s; "
-                    f"raise timeout= or make the step faster"
-                )
+            if step.at_most_once:
+                await ctx.write(outcome(status=CheckpointStatus.STARTED))
+            ctx.enter_body()
+            try:
+                step_ctx = StepContext(run_id=ctx.run_id, name=name, attempt=attempts)
+                value, text = await _attempt(step, step_ctx, args, kwargs, serde, what)
+            except Exception as exc:
+                error = _attempt_error(step, name, attempts, exc)
+                if step.retry.retries(error, attempts):
+                    finished = clock.now()
+                    retry_at = finished + _retry_delay(step, error, attempts)
+                    await ctx.write(outcome(status=CheckpointStatus.RETRYING, error=_error(error),
+                                            finished_at=finished, retry_at=retry_at))  # fmt: skip
+                    if observer is not None:
+                        told = True
+                        observer.step_ended(watch, StepOutcome.RETRYING, finished - started, error)
+                    await _wait_until(ctx, retry_at)
+                    continue
+                finished = clock.now()
+                await ctx.write(outcome(status=CheckpointStatus.FAILED, error=_error(error),
+                                        finished_at=finished))  # fmt: skip
+                if observer is not None:
+                    told = True
+                    observer.step_ended(watch, StepOutcome.FAILED, finished - started, error)
+                _replay_if_forced(ctx)
+                if error is exc:
+                    raise
+                raise error from exc
+            finally:
+                ctx.leave_body()
+            finished = clock.now()
+            await ctx.write(
+                outcome(status=CheckpointStatus.COMPLETED, result=text, finished_at=finished)
             )
-            if step.retry.retries(error, attempts):
-                delay = step.retry.delay(attempts, secrets.randbits(32) / (1 << 32))
-                # A provider that says when to come back (HTTP Retry-After) is believed.
-                asked = getattr(error, "retry_after", None)
-                if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > delay:
-                    delay = float(asked)
-                retry_at = clock.now() + delay
-                await ctx.write(outcome(status=CheckpointStatus.RETRYING, error=_error(error),
-                                        finished_at=clock.now(), retry_at=retry_at))  # fmt: skip
-                await _wait_until(ctx, retry_at)
-                continue
-            await ctx.write(outcome(status=CheckpointStatus.FAILED, error=_error(error),
-                                    finished_at=clock.now()))  # fmt: skip
-            _replay_if_forced(ctx)
-            if error is exc:
-                raise
-            raise error from exc
-        finally:
-            ctx.leave_body()
-        await ctx.write(
-            outcome(status=CheckpointStatus.COMPLETED, result=text, finished_at=clock.now())
-        )
+        except BaseException as exc:
+            if observer is not None and not told:  # cancelled, or the run was abandoned
+                observer.step_ended(watch, StepOutcome.INTERRUPTED, clock.now() - started, exc)
+            raise
+        if observer is not None:
+            observer.step_ended(watch, StepOutcome.COMPLETED, finished - started, None)
         _replay_if_forced(ctx)
         if type(value) in _SCALARS:
             return value  # type: ignore[no-any-return]
@@ -181,6 +199,49 @@ async def _execute(
 
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+async def _from_history(
+    step: Step[..., Any],
+    ctx: RunContext,
+    seq: int,
+    name: str,
+    recorded: Checkpoint,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    what: str,
+) -> object:
+    """A step call whose position the history holds: its recorded outcome (returned, or
+    raised), or NOT_DONE when another attempt is due (once a recorded retry delay has passed,
+    or a started at-most-once attempt was reconciled as not done)."""
+    if recorded.status is CheckpointStatus.COMPLETED:
+        return ctx.engine.serde.loads(recorded.result or "null", step.return_hint, what=what)
+    if recorded.status is CheckpointStatus.FAILED:
+        raise rebuild_error(json.loads(recorded.error or "{}"))
+    if recorded.status is CheckpointStatus.RETRYING and recorded.retry_at is not None:
+        await _wait_until(ctx, recorded.retry_at)
+    elif recorded.status is CheckpointStatus.STARTED:
+        return await _reconcile(step, ctx, seq, name, recorded.attempts, args, kwargs)
+    return NOT_DONE
+
+
+def _attempt_error(step: Step[..., Any], name: str, attempts: int, exc: Exception) -> Exception:
+    """What a failed attempt records: its exception, or StepTimeout for a timeout."""
+    if not isinstance(exc, TimeoutError):
+        return exc
+    return StepTimeout(
+        f"step {name!r} attempt {attempts} ran past its timeout of {step.timeout}s; "
+        f"raise timeout= or make the step faster"
+    )
+
+
+def _retry_delay(step: Step[..., Any], error: Exception, attempts: int) -> float:
+    delay = step.retry.delay(attempts, secrets.randbits(32) / (1 << 32))
+    # A provider that says when to come back (HTTP Retry-After) is believed.
+    asked = getattr(error, "retry_after", None)
+    if isinstance(asked, int | float) and not isinstance(asked, bool) and asked > delay:
+        delay = float(asked)
+    return delay
 
 
 def _error(exc: BaseException) -> str:

@@ -18,6 +18,7 @@ from tether.server.api import build_router, refused
 from tether.server.auth import Auth
 from tether.server.http import MAX_BODY, Hygiene
 from tether.server.inbox import build_inbox
+from tether.server.metrics import build_metrics
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -47,6 +48,7 @@ def create_server(
     server.add_exception_handler(ApprovalRefused, refused)
     server.include_router(build_router(app))
     server.include_router(build_inbox(app))  # the inbox for people, its assets and /live
+    server.include_router(build_metrics(app))  # /metrics, for group admin or metrics
     server.add_middleware(Hygiene, max_body=max_body, hsts=secure_cookies)
 
     return server

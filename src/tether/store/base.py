@@ -169,6 +169,21 @@ class HeartbeatReply:
     cancel: list[str]  # run ids it holds that someone asked to cancel
 
 
+@dataclass(frozen=True, slots=True)
+class StoreStats:
+    """Counts for monitoring (/metrics), read in one transaction."""
+
+    runs: Mapping[RunStatus, int]  # every status, 0 when it has no run
+    pending_approvals: int
+    oldest_pending_approval_at: float | None  # created_at of the oldest pending approval
+
+
+def store_stats(by_status: Mapping[str, int], pending: int, oldest: float | None) -> StoreStats:
+    """StoreStats from a backend's counts (statuses it did not report count 0)."""
+    runs = {status: int(by_status.get(status.value, 0)) for status in RunStatus}
+    return StoreStats(runs, int(pending), None if oldest is None else float(oldest))
+
+
 class StreamKind(StrEnum):
     CHUNK = "chunk"  # data: the JSON of one value a run wrote
     RESET = "reset"  # data: a JSON list of the offsets of chunks it retracts
@@ -320,6 +335,12 @@ class Store(Protocol):
         finish_run); one that a worker holds is flagged and its worker ends it. Finished runs
         are left as they are. Raises RunNotFound."""
 
+    async def resume_run(self, run_id: str, now: float) -> RunRecord:
+        """Give a failed run another go after a fix: it becomes pending (error cleared), and
+        its failed checkpoints become retrying, due now, so those steps get one more attempt
+        under the current code while completed ones replay. A run in another status is
+        returned unchanged. Raises RunNotFound."""
+
     async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
         """Append an event to the run's mailbox, unless the run has finished (then nothing is
         written). A waiting run whose wake_on holds the key becomes claimable at once. Returns
@@ -343,6 +364,10 @@ class Store(Protocol):
         """Whether another connection may have committed since the last call: a cheap look a
         worker takes every few milliseconds. Backends that push notifications may return
         False and wake workers themselves."""
+
+    async def stats(self) -> StoreStats:
+        """How many runs have each status, how many approvals are pending and when the oldest
+        of them was created, in one consistent read (for monitoring; served by indexes)."""
 
     # -- approvals (see approval_rows) -------------------------------------------------------
 

@@ -27,6 +27,7 @@ from tether.store.approval_rows import (
 )
 from tether.store.base import (
     Checkpoint,
+    CheckpointStatus,
     EventRef,
     HeartbeatReply,
     Lease,
@@ -34,11 +35,13 @@ from tether.store.base import (
     QueueLimits,
     RunRecord,
     RunStatus,
+    StoreStats,
     WorkerInfo,
     child_key,
     child_outcome,
     duplicate_run,
     queue_budget,
+    store_stats,
 )
 from tether.store.memory_streams import MemoryStreams
 from tether.store.user_rows import UserRecord
@@ -268,6 +271,23 @@ class MemoryStore(MemoryStreams):
                     self._deliver(current.parent_id, child_key(current.id), outcome, now)
             return self._runs[run_id]
 
+    async def resume_run(self, run_id: str, now: float) -> RunRecord:
+        with self._lock:
+            run = self._runs.get(run_id)
+            if run is None:
+                raise RunNotFound(f"no run has id {run_id!r}; check the id or list runs")
+            if run.status is not RunStatus.FAILED:
+                return run
+            history = self._history.get(run_id, {})
+            for seq, cp in list(history.items()):
+                if cp.status is CheckpointStatus.FAILED:
+                    history[seq] = replace(cp, status=CheckpointStatus.RETRYING, retry_at=now)
+            resumed = replace(run, status=RunStatus.PENDING, result=None, error=None, owner=None,
+                              lease_expires_at=None, wake_at=None, wake_on=(),
+                              cancel_requested=False, finished_at=None, updated_at=now)  # fmt: skip
+            self._runs[run_id] = resumed
+            return resumed
+
     # -- mailboxes ----------------------------------------------------------------------------
 
     async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
@@ -306,6 +326,14 @@ class MemoryStore(MemoryStreams):
 
     async def poll_changes(self) -> bool:
         return False  # one process: every change is announced in-process
+
+    async def stats(self) -> StoreStats:
+        with self._lock:
+            by_status: dict[str, int] = {}
+            for run in self._runs.values():
+                by_status[run.status.value] = by_status.get(run.status.value, 0) + 1
+            pending = [a.created_at for a in self._approvals.values() if a.status == PENDING]
+        return store_stats(by_status, len(pending), min(pending, default=None))
 
     def _deliver(self, run_id: str, key: str, payload: str, now: float) -> None:
         self._events.append([len(self._events) + 1, run_id, key, payload, None])

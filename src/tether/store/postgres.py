@@ -51,11 +51,13 @@ from tether.store.base import (
     QueueLimits,
     RunRecord,
     RunStatus,
+    StoreStats,
     WorkerInfo,
     child_key,
     child_outcome,
     duplicate_run,
     queue_budget,
+    store_stats,
 )
 from tether.store.postgres_streams import PostgresStreams
 from tether.store.postgres_users import PostgresUsers
@@ -421,6 +423,19 @@ class PostgresStore(PostgresUsers, PostgresStreams):
 
         await self._tx(op, write=True, label=f"finish_run:{lease.run_id}")
 
+    async def resume_run(self, run_id: str, now: float) -> RunRecord:
+        args = {"id": run_id, "now": now}
+
+        async def op(c: Conn) -> RunRecord:
+            if (await c.execute(_Q["resume_run"], args)).rowcount == 1:
+                await c.execute(_Q["resume_checkpoints"], args)
+            row = await (await c.execute(_Q["get_run"], args)).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run has id {run_id!r}; check the id or list runs")
+            return run_from_row(row)
+
+        return await self._tx(op, write=True, label=f"resume_run:{run_id}")
+
     async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
         async def op(c: Conn) -> RunRecord:
             if await (await c.execute(_Q["get_run"], {"id": run_id})).fetchone() is None:
@@ -490,6 +505,12 @@ class PostgresStore(PostgresUsers, PostgresStreams):
     async def poll_changes(self) -> bool:
         changed, self._changed = self._changed, False
         return changed
+
+    async def stats(self) -> StoreStats:
+        rows = await self._rows(_Q["store_stats"], {})  # one statement: one snapshot
+        by_status = {status: n for status, n, _ in rows if status is not None}
+        ((pending, oldest),) = [(n, at) for status, n, at in rows if status is None]
+        return store_stats(by_status, pending, oldest)
 
     # -- approvals --------------------------------------------------------------------------
 

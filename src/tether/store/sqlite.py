@@ -37,11 +37,13 @@ from tether.store.base import (
     QueueLimits,
     RunRecord,
     RunStatus,
+    StoreStats,
     WorkerInfo,
     child_key,
     child_outcome,
     duplicate_run,
     queue_budget,
+    store_stats,
 )
 from tether.store.rows import audit_to_row, checkpoint_from_row, load_sql, run_from_row
 from tether.store.sqlite_commit import CommitQueue, parse_sqlite_url
@@ -370,6 +372,19 @@ class SqliteStore(SqliteUsers, SqliteStreams):
 
         return await self._db.submit(op, write=True, label=f"cancel_run:{run_id}", multi=True)
 
+    async def resume_run(self, run_id: str, now: float) -> RunRecord:
+        args = {"id": run_id, "now": now}
+
+        def op(c: sqlite3.Connection) -> RunRecord:
+            if c.execute(_Q["resume_run"], args).rowcount == 1:
+                c.execute(_Q["resume_checkpoints"], args)
+            row = c.execute(_Q["get_run"], args).fetchone()
+            if row is None:
+                raise RunNotFound(f"no run has id {run_id!r}; check the id or list runs")
+            return run_from_row(row)
+
+        return await self._db.submit(op, write=True, label=f"resume_run:{run_id}", multi=True)
+
     async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
         def op(c: sqlite3.Connection) -> RunRecord:
             row = c.execute(_Q["get_run"], {"id": run_id}).fetchone()
@@ -424,6 +439,15 @@ class SqliteStore(SqliteUsers, SqliteStreams):
 
     async def poll_changes(self) -> bool:
         return await self._db.poll_changes()
+
+    async def stats(self) -> StoreStats:
+        def op(c: sqlite3.Connection) -> StoreStats:
+            rows = c.execute(_Q["store_stats"]).fetchall()  # one statement: one snapshot
+            by_status = {status: n for status, n, _ in rows if status is not None}
+            ((pending, oldest),) = [(n, at) for status, n, at in rows if status is None]
+            return store_stats(by_status, pending, oldest)
+
+        return await self._db.submit(op, write=False)
 
     # -- approvals --------------------------------------------------------------------------
 

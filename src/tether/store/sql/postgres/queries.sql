@@ -21,6 +21,13 @@ WHERE (%(any_status)s OR status = ANY(%(statuses)s))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
+-- name: store_stats
+-- Runs by status (the status index answers it), then one row without a status: the pending
+-- approvals and the creation time of the oldest. One statement, so one snapshot.
+SELECT status, count(*), NULL FROM tether_runs GROUP BY status
+UNION ALL
+SELECT NULL, count(*), min(created_at) FROM tether_approvals WHERE status = 'pending';
+
 -- name: claim_runs
 -- Runs outside the queues that have limits. Highest priority first, then oldest.
 UPDATE tether_runs
@@ -288,3 +295,14 @@ ORDER BY "offset" LIMIT %(limit)s;
 SELECT "offset", kind, data, writer, attempt, ref, created_at FROM tether_stream_entries
 WHERE run_id = %(run_id)s AND key = %(key)s AND writer = %(writer)s
 ORDER BY "offset";
+
+-- name: resume_checkpoints
+UPDATE tether_checkpoints SET status = 'retrying', retry_at = %(now)s
+WHERE run_id = %(id)s AND status = 'failed';
+
+-- name: resume_run
+UPDATE tether_runs
+SET status = 'pending', result = NULL, error = NULL, owner = NULL, lease_expires_at = NULL,
+    wake_at = NULL, wake_on = NULL, cancel_requested = FALSE, finished_at = NULL,
+    updated_at = %(now)s
+WHERE id = %(id)s AND status = 'failed';

@@ -1,0 +1,106 @@
+"""/metrics: the App in the Prometheus text exposition format (version 0.0.4), for a bearer
+token of group `admin` or `metrics` (401 without a valid token, 403 for other users).
+
+Two kinds of figures. Gauges read from the database at scrape time, one consistent read
+(Store.stats), true for every process sharing the database: runs by status, pending approvals,
+the age of the oldest pending approval. Counters and a histogram of what this process executed
+(tether.telemetry.Metrics, installed when the server is made): they count the runs of the
+worker inside `tether serve`, not those of separate `tether worker` processes. The route is
+left out of the OpenAPI document. prometheus_client writes the text (escaping included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from enum import StrEnum
+from typing import TypeVar
+
+from fastapi import APIRouter, HTTPException, Response
+from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from tether.app import App
+from tether.server.api import CurrentUser
+from tether.store.base import StoreStats
+from tether.telemetry.metrics import Metrics, metrics_of
+
+Outcome = TypeVar("Outcome", bound=StrEnum)
+
+METRICS_GROUPS = frozenset({"admin", "metrics"})
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Scrape(Collector):
+    """One scrape's figures: the store's counts read just before, and a snapshot of this
+    process's metrics."""
+
+    def __init__(self, stats: StoreStats, now: float, metrics: Metrics) -> None:
+        self.stats, self.now, self.metrics = stats, now, metrics
+
+    def collect(self) -> Iterator[Metric]:
+        stats, metrics = self.stats, self.metrics
+        runs = GaugeMetricFamily("tether_runs", "Runs in the database by status.",
+                                 labels=["status"])  # fmt: skip
+        for status, count in stats.runs.items():
+            runs.add_metric([status.value], count)
+        yield runs
+        yield GaugeMetricFamily("tether_approvals_pending", "Approvals waiting for a decision.",
+                                value=stats.pending_approvals)  # fmt: skip
+        oldest = stats.oldest_pending_approval_at
+        yield GaugeMetricFamily(
+            "tether_approval_oldest_pending_age_seconds",
+            "Seconds since the oldest pending approval was asked (0 when none is pending).",
+            value=0.0 if oldest is None else max(0.0, self.now - oldest),
+        )
+        yield _counter("tether_runs_finished", "Runs this process ended, by workflow and status.",
+                       ["workflow", "status"], metrics.runs_finished)  # fmt: skip
+        yield _counter("tether_run_executions", "Executions of runs in this process, by workflow "
+                       "and outcome (succeeded, failed, cancelled, suspended, abandoned).",
+                       ["workflow", "outcome"], metrics.run_executions)  # fmt: skip
+        yield _counter("tether_step_attempts", "Step attempts in this process, by step and "
+                       "outcome (completed, retrying, failed, interrupted).",
+                       ["step", "outcome"], metrics.step_attempts)  # fmt: skip
+        durations = HistogramMetricFamily(
+            "tether_step_duration_seconds",
+            "Durations of step attempts in this process that completed, failed or will retry.",
+            labels=["step"],
+        )
+        for step, histogram in sorted(metrics.step_durations.items()):
+            buckets = [(_le(bound), count) for bound, count in histogram.cumulative()]
+            durations.add_metric([step], buckets, sum_value=histogram.sum)
+        yield durations
+
+
+def _counter(
+    name: str, doc: str, labels: list[str], values: Mapping[tuple[str, Outcome], int]
+) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=labels)
+    for (first, outcome), count in sorted(values.items()):
+        family.add_metric([first, outcome.value], count)
+    return family
+
+
+def _le(bound: float) -> str:
+    """A bucket bound as Prometheus writes it: `0.005`, `1.0`, `+Inf`."""
+    return "+Inf" if bound == float("inf") else repr(float(bound))
+
+
+def build_metrics(app: App) -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+    metrics = metrics_of(app.engine)  # counting starts now
+
+    @router.get("/metrics")
+    async def scrape(user: CurrentUser) -> Response:
+        if not user.groups & METRICS_GROUPS:
+            raise HTTPException(403, "only users of group admin or metrics may read /metrics")
+        stats = await app.engine.store.stats()
+        body = generate_latest(Scrape(stats, app.engine.clock.now(), metrics.snapshot()))
+        return Response(body, media_type=CONTENT_TYPE)
+
+    return router
