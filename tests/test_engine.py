@@ -855,3 +855,21 @@ async def test_a_failed_run_resumes_after_a_fix_and_only_the_failed_step_runs_ag
     assert ran == ["fetch", "publish", "publish"]
     assert (fetched.name, fetched.attempts) == ("fetch", 1)
     assert (published.status, published.attempts) == (tether.CheckpointStatus.COMPLETED, 2)
+
+
+async def test_replay_check_reports_its_progress_run_by_run(make_app: MakeApp) -> None:
+    app = make_app()
+
+    @app.workflow()
+    async def plain(n: int) -> int:
+        return n
+
+    progress: list[tuple[int, int]] = []
+    async with app:
+        for n in range(3):
+            await (await app.start(plain, n, id=f"p{n}")).result(timeout=10)
+        outcomes = await app.replay_check(
+            on_progress=lambda done, total: progress.append((done, total))
+        )
+    assert [o.ok for o in outcomes] == [True, True, True]
+    assert progress == [(1, 3), (2, 3), (3, 3)]

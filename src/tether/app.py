@@ -388,17 +388,21 @@ class App:
         workflow: str | None = None,
         status: RunStatus | str | None = None,
         limit: int = 1000,
+        on_progress: Callable[[int, int], object] | None = None,
     ) -> list[ReplayOutcome]:
         """Replay stored histories against the workflows registered now, executing nothing:
-        one outcome per run (newest first); `outcome.first_difference` says where one diverges."""
+        one outcome per run (newest first); `outcome.first_difference` says where one diverges.
+        `on_progress(done, total)` is called after each run."""
         outcomes = []
-        for info in await self.list_runs(status=status, workflow=workflow, limit=limit):
+        runs = await self.list_runs(status=status, workflow=workflow, limit=limit)
+        for done, info in enumerate(runs, start=1):
             record = await self.engine.store.get_run(info.id)
-            if record is None:
-                continue
-            history = await self.engine.store.load_history(info.id)
-            outcomes.append(await replay(self.engine, record.id, record.workflow, record.args,
-                                         history))  # fmt: skip
+            if record is not None:
+                history = await self.engine.store.load_history(info.id)
+                outcomes.append(await replay(self.engine, record.id, record.workflow,
+                                             record.args, history))  # fmt: skip
+            if on_progress is not None:
+                on_progress(done, len(runs))
         return outcomes
 
     async def list_runs(

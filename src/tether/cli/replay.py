@@ -7,11 +7,15 @@ Renders App.replay_check; it must not replay anything itself, execute steps or w
 from __future__ import annotations
 
 import json
+import sys
+from collections.abc import Awaitable
 from typing import Any
 
 import click
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
 
+from tether.app import App
 from tether.cli.common import console, load_app, new_table, require_database, run_app
 from tether.core.replay import ReplayOutcome
 from tether.store.base import RunStatus
@@ -60,7 +64,19 @@ def replay_check(
     """
     app = load_app(app_ref)
     require_database(app.url, f"{app_ref} has no stored runs to check")
-    outcomes = run_app(app, lambda a: a.replay_check(workflow=workflow, status=status, limit=limit))
+    with Progress(TextColumn("replaying stored runs"), BarColumn(), MofNCompleteColumn(),
+                  console=console(stderr=True), transient=True,
+                  disable=as_json or not sys.stderr.isatty()) as bar:  # fmt: skip
+        task = bar.add_task("replay", total=None)
+
+        def advance(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        def check(a: App) -> Awaitable[list[ReplayOutcome]]:
+            return a.replay_check(workflow=workflow, status=status, limit=limit,
+                                  on_progress=advance)  # fmt: skip
+
+        outcomes = run_app(app, check)
     diverging = [o for o in outcomes if not o.ok]
     if as_json:
         doc = {"checked": len(outcomes), "diverging": [divergence_json(o) for o in diverging]}
