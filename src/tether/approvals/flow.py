@@ -53,18 +53,22 @@ async def approval(
     required: int = 1,
     separate_duties: bool = False,
     on_decision: Webhook | None = None,
+    key: str | None = None,
 ) -> Decision:
     """Ask people to decide, and wait durably for the decision. The decision is bound to
     `operation` by digest, taken once, by one of `reviewers` (names, `group:<name>`, or `*`),
     from `required` distinct reviewers for approval; after `expires_in` it is `expired` and
     `approved` is False. `context` and `operation` are shown to reviewers with secrets
-    redacted. `separate_duties` refuses the person who started the run."""
+    redacted. `separate_duties` refuses the person who started the run. `key` names the
+    approval within its run (its checkpoint is `approval:<key>`, its id derived from it) for
+    callers whose own ids must map to one approval, such as an interrupt's id."""
     spec = _check(title, description, options, reviewers, expires_in, response_schema, required,
                   on_decision)  # fmt: skip
     spec["separate_duties"] = bool(separate_duties)
     ctx = current_run("approval")
     serde = ctx.engine.serde
-    seq, name, recorded = ctx.slot("approval", "approval")
+    base = "approval" if key is None else f"approval:{check_approval_key(key)}"
+    seq, name, recorded = ctx.slot(base, "approval")
     digest = operation_digest(ctx.run_id, name, json.loads(serde.dumps(operation)))
     aid = approval_id(ctx.run_id, name)
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
@@ -95,6 +99,14 @@ async def approval(
         await deliver_webhook(on_decision, decision)
     await notify(ctx, aid, "decided")
     return decision
+
+
+def check_approval_key(key: str) -> str:
+    if not isinstance(key, str) or not key or len(key) > 200 or "#" in key:
+        raise ConfigurationError(
+            f"an approval key is a str of 1-200 chars without '#', not {key!r}"
+        )
+    return key
 
 
 def _check(
