@@ -77,3 +77,26 @@ def test_a_rewritten_entry_with_a_recomputed_hash_still_breaks_the_next_link() -
     problems = verify_chain(record, [entries[0], rewritten, *entries[2:]])
     assert problems
     assert "entry 3" in problems[0]
+
+
+@pytest.mark.parametrize(
+    ("events", "status", "problem"),
+    [
+        ([("decided", {"status": "rejected"})], "approved", "its trail says 'rejected'"),
+        ([], "approved", "its trail says 'pending'"),
+        ([("expired", {})], "approved", "its trail says 'expired'"),
+        ([("decided", {"status": "approved"})], "approved", None),
+        ([("cancelled", {})], "cancelled", None),
+    ],
+)
+def test_a_status_the_trail_does_not_lead_to_is_detected(
+    events: list[tuple[str, dict[str, str]]], status: str, problem: str | None
+) -> None:
+    record, entries = trail(1)
+    for event, detail in events:
+        record, added = chain(record, [Note(event, "alice", detail)], 20.0)
+        entries += added
+    problems = verify_chain(dataclasses.replace(record, status=status), entries)
+    assert problems == ([] if problem is None else [problems[0]])
+    if problem is not None:
+        assert problem in problems[0]

@@ -192,4 +192,23 @@ def verify_chain(record: ApprovalRecord, entries: Sequence[AuditEntry]) -> list[
             f"the trail has {len(entries)} entries but the approval recorded "
             f"{record.audit_count}: entries at the end were deleted or the head was changed"
         )
+    told = _status_told(entries)
+    decided_somehow = told is None and record.status != PENDING
+    if not problems and told != record.status and not decided_somehow:
+        problems.append(
+            f"the approval says {record.status!r} but its trail says {told!r}: its row was "
+            f"changed outside Tether"
+        )
     return problems
+
+
+def _status_told(entries: Sequence[AuditEntry]) -> str | None:
+    """The status an approval's trail leads to: its last decision or closure, else pending;
+    None for a decision whose entry does not name its status."""
+    status: str | None = PENDING
+    for entry in entries:
+        if entry.event == "decided":
+            status = json.loads(entry.detail).get("status")
+        elif entry.event in (EXPIRED, CANCELLED):
+            status = entry.event
+    return status
