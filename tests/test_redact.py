@@ -420,3 +420,21 @@ def test_a_cyclic_structure_terminates_at_the_depth_limit() -> None:
     cycle: list[object] = []
     cycle.append(cycle)
     assert leaf_of(redact(cycle), MAX_DEPTH + 1) == R
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("login failed: password=hunter2 for bob", f"login failed: password={R} for bob"),
+        ("api_key: abc123, user=bob", f"api_key: {R}, user=bob"),
+        ("token='x1y2'", f"token='{R}'"),
+        ('DB_PASSWORD="s3cr3t" ok', f'DB_PASSWORD="{R}" ok'),
+        ("error: token: abc", f"error: token: {R}"),
+        (
+            "max_tokens=100 tokens_used: 5 author: alice",
+            "max_tokens=100 tokens_used: 5 author: alice",
+        ),
+    ],
+)
+def test_secret_named_assignments_in_prose_hide_their_value(text: str, expected: str) -> None:
+    assert redact_text(text) == expected

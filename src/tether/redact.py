@@ -101,6 +101,12 @@ _URL_PASSWORD = re.compile(r"\b([A-Za-z][A-Za-z0-9+.-]{0,31}://[^\s:/?#@]*:)[^\s
 # Eight characters at least so prose ("the bearer of bad news") stays readable.
 _BEARER = re.compile(r"\b(Bearer[ \t]+)[A-Za-z0-9._~+/-]{8,}=*", re.IGNORECASE)
 _BASIC = re.compile(r"\b(Basic[ \t]+)([A-Za-z0-9+/]+={0,2})(?![A-Za-z0-9+/=])", re.IGNORECASE)
+# "password=hunter2", "api_key: abc", "token='x'" in free text (logs, exception messages): the
+# name is kept, the value hidden. The name must be a secret key (is_secret_key).
+_ASSIGNED = re.compile(
+    r"\b([A-Za-z][A-Za-z0-9_.-]{0,63})([ \t]*[=:][ \t]*)(['\"]?)"
+    r"([^\s'\",;&=:]{1,512}+)(?![ \t]*[=:])\3"  # a value, not the next name of a pair
+)
 
 
 def _basic_credential(match: re.Match[str]) -> str:
@@ -118,13 +124,25 @@ def redact_text(text: str) -> str:
     Shapes: PEM private-key blocks (whole block), passwords in URLs (scheme://user:[redacted]@host),
     the credential after "Bearer " (8+ characters) or "Basic " (when it decodes to user:password),
     and provider keys: sk-... (OpenAI, Anthropic), JWTs (eyJ...eyJ...sig), AWS AKIA/ASIA ids,
-    GitHub gh?_ and github_pat_, Slack xox?-, Google AIza..., Stripe sk_/rk_live/test_.
+    GitHub gh?_ and github_pat_, Slack xox?-, Google AIza..., Stripe sk_/rk_live/test_; and the
+    value of a secret-named assignment in prose ("password=hunter2", "api_key: abc").
     """
     text = _PEM_PRIVATE.sub(REDACTED, text)
     text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", text)
     text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
     text = _BASIC.sub(_basic_credential, text)
+    text = _ASSIGNED.sub(_assigned, text)
     return _TOKEN_SHAPES.sub(REDACTED, text)
+
+
+_SCHEMES = frozenset({"bearer", "basic", "digest", "negotiate", "token"})
+
+
+def _assigned(match: re.Match[str]) -> str:
+    name, sep, quote, value = match.groups()
+    if not is_secret_key(name) or value == REDACTED or value.lower() in _SCHEMES:
+        return match.group(0)  # an HTTP auth scheme: the credential after it is handled above
+    return f"{name}{sep}{quote}{REDACTED}{quote}"
 
 
 # --- structures -----------------------------------------------------------------------------------

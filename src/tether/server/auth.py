@@ -81,7 +81,7 @@ class Auth:
             claims = json.loads(data)
         except (ValueError, TypeError):
             return None
-        if not hmac.compare_digest(self._sign(data), signature) or not isinstance(claims, dict):
+        if not _same(self._sign(data), signature) or not isinstance(claims, dict):
             return None
         if not isinstance(claims.get("e"), int) or claims["e"] < time.time():
             return None
@@ -95,4 +95,11 @@ class Auth:
         return self._sign(b"csrf:" + session.encode())
 
     def check_csrf(self, session: str, token: str) -> bool:
-        return bool(token) and hmac.compare_digest(self.csrf_token(session), token)
+        return bool(token) and _same(self.csrf_token(session), token)
+
+
+def _same(expected: str, given: str) -> bool:
+    """Constant-time equality of a signature we made and one a client sent. Compared as bytes:
+    hmac.compare_digest raises TypeError on a str with non-ASCII characters, and a client may
+    send any (a cookie or a form field of "é" would otherwise be a 500)."""
+    return hmac.compare_digest(expected.encode(), given.encode("utf-8", "surrogatepass"))

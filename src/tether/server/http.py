@@ -1,5 +1,7 @@
 """HTTP hygiene shared by the JSON API and the inbox: strict JSON bodies (duplicate keys and
-invalid JSON are 400), a body size limit (413), and the security headers every response carries.
+invalid JSON are 400), a body size limit (413), no NUL character in the URL (422: no id or key
+may hold one, and PostgreSQL cannot even look one up), and the security headers every response
+carries.
 
 Pure ASGI and FastAPI plumbing: no routes, no authentication, no Tether calls.
 """
@@ -7,6 +9,7 @@ Pure ASGI and FastAPI plumbing: no routes, no authentication, no Tether calls.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -15,6 +18,7 @@ from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 MAX_BODY = 1 << 20  # 1 MiB: decisions, events and forms are small
+_NUL = re.compile(rb"\x00|%00")  # in a query string, raw or percent-encoded
 
 SECURITY_HEADERS = [
     (b"content-security-policy", b"default-src 'self'; frame-ancestors 'none'; "
@@ -75,8 +79,8 @@ class StrictRoute(APIRoute):
 
 
 class Hygiene:
-    """ASGI middleware: refuse bodies over `max_body` (413) before they are read whole, and add
-    the security headers to every response."""
+    """ASGI middleware: refuse a URL holding a NUL character (422) and bodies over `max_body`
+    (413) before they are read whole, and add the security headers to every response."""
 
     def __init__(self, app: ASGIApp, max_body: int = MAX_BODY, *, hsts: bool = False) -> None:
         self.app = app
@@ -88,6 +92,10 @@ class Hygiene:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if "\x00" in scope["path"] or _NUL.search(scope.get("query_string", b"")):
+            message = "the URL holds a NUL character, which no id, key or field may contain"
+            await _problem(422, message, send, self.headers)
             return
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
@@ -102,7 +110,7 @@ class Hygiene:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_body:
-                    raise _TooLarge()
+                    raise _TooLarge(self.max_body)
             return message
 
         async def secured(message: Message) -> None:
@@ -121,13 +129,24 @@ class Hygiene:
                 await _too_large(self.max_body, send, self.headers)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    """A body that grew past the limit while it was read (chunked, or a Content-Length that
+    lied). An HTTPException, so FastAPI's body parsing passes it on as this 413 instead of
+    turning it into a 400 ("There was an error parsing the body")."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"the request body is over {limit} bytes")
 
 
 async def _too_large(limit: int, send: Send, headers: list[tuple[bytes, bytes]]) -> None:
-    body = json.dumps({"detail": f"the request body is over {limit} bytes"}).encode()
-    await send({"type": "http.response.start", "status": 413,
+    await _problem(413, f"the request body is over {limit} bytes", send, headers)
+
+
+async def _problem(
+    status: int, detail: str, send: Send, headers: list[tuple[bytes, bytes]]
+) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(body)).encode()), *headers]})  # fmt: skip
     await send({"type": "http.response.body", "body": body})
