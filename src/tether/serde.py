@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from enum import Enum
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Any, Literal, Union, get_args, get_origin
 from uuid import UUID
 
@@ -178,6 +178,32 @@ def _find_encoder(t: type) -> Converter:
         encoder = next((enc for base, enc in _BASE_ENCODERS if issubclass(t, base)), _unsupported)
     _ENCODERS[t] = encoder
     return encoder
+
+
+_FLOOR_ITEMS = 64  # items of a container that _size_floor looks at
+_FLOOR_TYPES = (dict, list, tuple, bytes, bytearray)
+
+
+def _size_floor(value: Any, depth: int = 3) -> int:
+    """A lower bound of the bytes of value's JSON text: its strings and bytes, down to `depth`
+    levels and the first _FLOOR_ITEMS items of each container (microseconds for a
+    usual value). Over the limit, the value cannot fit and is refused before it is encoded,
+    so a huge payload is never copied (encoding it would make one to four copies)."""
+    t = type(value)
+    if t is str:
+        return len(value) + 2  # at least a byte a character, and the quotes
+    if t is bytes or t is bytearray:
+        return (len(value) + 2) // 3 * 4 + 13  # base64 in {"$bytes":"..."}
+    if depth and (t is dict or t is list or t is tuple):
+        total = 0
+        items = value.values() if t is dict else value
+        for item in islice(items, _FLOOR_ITEMS):
+            if type(item) is str:
+                total += len(item) + 2
+            elif type(item) in _FLOOR_TYPES:
+                total += _size_floor(item, depth - 1)
+        return total
+    return 0
 
 
 def _to_text(value: object, encode: Callable[[object], str], what: str) -> str:
@@ -505,9 +531,14 @@ class Serde:
         self.max_payload = max_payload
 
     def dumps(self, value: object, *, what: str = "value") -> str:
-        """JSON text for value, or SerializationError / PayloadTooLarge."""
+        """JSON text for value, or SerializationError / PayloadTooLarge (before encoding when
+        the value's strings and bytes alone are over the limit)."""
+        limit = self.max_payload
+        floor = _size_floor(value)
+        if floor > limit:
+            raise _too_large(what, f"at least {floor}", limit)
         text = _to_text(value, _DUMPS, what)
-        limit, size = self.max_payload, len(text)  # exact for ASCII (an O(1) test), else a bound
+        size = len(text)  # exact for ASCII (an O(1) test), else a bound
         bound = "" if text.isascii() or size <= limit else "at least "
         if not text.isascii() and size <= limit:
             # A character takes at most 4 bytes: encode (a full copy) only when that could matter.
@@ -518,11 +549,7 @@ class Serde:
                 )
             size = len(text.encode("utf-8")) if size * 4 > limit else size
         if size > limit:
-            raise PayloadTooLarge(
-                f"{what} is {bound}{size} bytes of JSON, over the "
-                f"payload limit of {limit} bytes; store the data elsewhere (a file, object "
-                "storage, a table) and pass a reference (a path, URL or id) instead"
-            )
+            raise _too_large(what, f"{bound}{size}", limit)
         return text
 
     def loads(self, text: str, hint: object = Any, *, what: str = "value") -> object:
@@ -555,6 +582,14 @@ class Serde:
             ) from problem.__cause__
         except RecursionError:
             raise SerializationError(f"cannot load {what}: it nests too deep") from None
+
+
+def _too_large(what: str, size: str, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"{what} is {size} bytes of JSON, over the payload limit of {limit} bytes; store the "
+        "data elsewhere (a file, object storage, a table) and pass a reference (a path, URL or "
+        "id) instead"
+    )
 
 
 def encode_error(exc: BaseException) -> dict[str, str]:

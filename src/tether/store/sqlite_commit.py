@@ -250,20 +250,7 @@ class CommitQueue:
             for op in batch:
                 if op.write:
                     faults.hit("store.before_write", op.label)
-                savepoint = shared and op.multi
-                if savepoint:
-                    conn.execute("SAVEPOINT op")
-                try:
-                    op.outcome = (True, op.fn(conn))
-                except Exception as exc:
-                    op.outcome = (False, exc)
-                    if savepoint:
-                        conn.execute("ROLLBACK TO op")
-                    elif op.multi:  # alone in its transaction: undo it whole
-                        conn.execute("ROLLBACK")
-                        conn.execute("BEGIN IMMEDIATE")
-                if savepoint:
-                    conn.execute("RELEASE op")
+                self._run_one(conn, op, savepoint=shared and op.multi)
             if writes:
                 for op in batch:
                     faults.hit("store.before_commit", op.label)
@@ -275,11 +262,42 @@ class CommitQueue:
                 conn.execute("ROLLBACK")
             self._fail_all(batch, exc)
 
+    def _run_one(self, conn: sqlite3.Connection, op: _Op, *, savepoint: bool) -> None:
+        """One operation of a batch, in its transaction. An error of the operation's own (a
+        lost lease) is its outcome, and its writes are undone; an error of the database (disk
+        full, I/O) propagates and fails the whole batch, which SQLite may have rolled back
+        already: nothing of it is half kept, and every caller is told to retry."""
+        if savepoint:
+            conn.execute("SAVEPOINT op")
+        try:
+            op.outcome = (True, op.fn(conn))
+        except sqlite3.OperationalError:
+            raise
+        except Exception as exc:
+            op.outcome = (False, exc)
+            if savepoint:
+                conn.execute("ROLLBACK TO op")
+            elif op.multi:  # alone in its transaction: undo it whole
+                conn.execute("ROLLBACK")
+                conn.execute("BEGIN IMMEDIATE")
+        if savepoint:
+            conn.execute("RELEASE op")
+
     def _fail_all(self, batch: list[_Op], exc: Exception) -> None:
-        failure = StoreUnavailable(f"SQLite write to {self.path!r} failed: {exc}")
+        failure = StoreUnavailable(self._explain(exc))
         failure.__cause__ = exc
         for op in batch:
             op.outcome = (False, failure)
+
+    def _explain(self, exc: Exception) -> str:
+        if getattr(exc, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_FULL:
+            return (
+                f"the SQLite database {self.path!r} is full (no space left on its disk, or "
+                f"PRAGMA max_page_count reached): nothing of this write was stored. Free disk "
+                f"space, then try again; running workflows retry their own writes and go on "
+                f"once there is room"
+            )
+        return f"SQLite write to {self.path!r} failed: {exc}"
 
     async def submit(
         self,
@@ -319,6 +337,14 @@ class CommitQueue:
             if len(self._batch) == 1:
                 loop.call_soon(self._flush)
         return await future
+
+    def apply_pragma(self, pragma: str) -> None:
+        """Run `PRAGMA <pragma>` on every open connection of the file, for settings SQLite
+        keeps per connection (a test fills the database with `max_page_count = N`). It takes
+        effect between two statements of the writer thread."""
+        for conn in (self._conn, self._inline):
+            if conn is not None:
+                conn.execute(f"PRAGMA {pragma}")
 
     async def poll_changes(self) -> bool:
         """Whether another connection committed since the last call (PRAGMA data_version:
