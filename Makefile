@@ -38,6 +38,18 @@ bench: install
 	$(BIN)/python bench/waits.py
 	$(BIN)/python bench/approvals.py
 	$(BIN)/python bench/streams.py
+	$(BIN)/python bench/langgraph.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# The long model-checked soak (tests/faults/test_soak.py): runs start over 5 minutes on SQLite
+# (and over 2 on PostgreSQL); TETHER_SOAK_SEED, TETHER_SOAK_RUNS, TETHER_SOAK_SECONDS override.
+.PHONY: soak reliability-report
+soak: install
+	TETHER_SOAK_SECONDS=$${TETHER_SOAK_SECONDS:-300} TETHER_SOAK_RUNS=$${TETHER_SOAK_RUNS:-600} \
+		$(BIN)/python -m pytest -q tests/faults/test_soak.py
+
+# Runs the fault and crash suites, then rewrites the figures section of docs/reliability.md.
+reliability-report: install
+	$(BIN)/python bench/reliability_report.py
