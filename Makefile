@@ -43,8 +43,8 @@ bench: install
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
-# The long model-checked soak (tests/faults/test_soak.py): runs start over 5 minutes on SQLite
-# (and over 2 on PostgreSQL); TETHER_SOAK_SEED, TETHER_SOAK_RUNS, TETHER_SOAK_SECONDS override.
+# The long model-checked soak (tests/faults/test_soak.py): 600 runs start over 5 minutes on
+# SQLite, 200 over 3 on PostgreSQL; TETHER_SOAK_SEED, _RUNS and _SECONDS override.
 .PHONY: soak reliability-report
 soak: install
 	TETHER_SOAK_SECONDS=$${TETHER_SOAK_SECONDS:-300} TETHER_SOAK_RUNS=$${TETHER_SOAK_RUNS:-600} \

@@ -83,13 +83,14 @@ def test_runs_list_json_is_an_array_with_stable_keys(db: str) -> None:
     assert result.exit_code == 0, result.output
     rows = {row["id"]: row for row in json.loads(result.output)}
     assert set(rows) == {"ok-run", "bad-run"}
-    keys = {"id", "workflow", "status", "attempt", "owner", "created_at", "updated_at",
-            "finished_at", "error_type", "error_message"}  # fmt: skip
+    keys = {"id", "workflow", "status", "attempt", "failures", "owner", "created_at",
+            "updated_at", "finished_at", "error_type", "error_message"}  # fmt: skip
     assert all(set(row) == keys for row in rows.values())
     assert rows["ok-run"]["status"] == "succeeded"
     assert rows["ok-run"]["error_type"] is None
     assert rows["bad-run"]["error_type"] == "ValueError"
     assert rows["bad-run"]["attempt"] == 1
+    assert rows["bad-run"]["failures"] == 0  # its own code failed it: not a failed execution
 
 
 def test_runs_list_filters_by_status_and_by_workflow(db: str) -> None:
@@ -634,4 +635,4 @@ def test_a_failed_run_is_resumed_from_the_command_line(tmp_path: Path) -> None:
     assert asyncio.run(finish()) == "ok"
     again = invoke("runs", "--database", url, "resume", "r1")
     assert again.exit_code == 1
-    assert "only a failed run can be resumed" in again.output
+    assert "only a failed or dead run can be resumed" in again.output

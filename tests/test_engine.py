@@ -847,7 +847,9 @@ async def test_a_failed_run_resumes_after_a_fix_and_only_the_failed_step_runs_ag
         fixed = True
         resumed = await app.resume("resumable")
         assert await resumed.result(timeout=10) == 21
-        with pytest.raises(tether.ConfigurationError, match="is succeeded; only a failed run"):
+        with pytest.raises(
+            tether.ConfigurationError, match="is succeeded; only a failed or dead run"
+        ):
             await app.resume("resumable")
         with pytest.raises(tether.RunNotFound):
             await app.resume("nope")

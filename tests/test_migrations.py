@@ -20,7 +20,7 @@ EXPECTED_SQLITE_TABLES = {
     "tether_migrations", "tether_runs", "tether_checkpoints", "tether_workers", "tether_events",
     "tether_approvals", "tether_approval_audit", "tether_stream_entries",
 }  # fmt: skip
-SQLITE_VERSIONS = [1, 2, 3, 4, 5, 6]
+SQLITE_VERSIONS = [1, 2, 3, 4, 5, 6, 7]
 
 
 async def test_a_database_made_by_the_first_migration_upgrades_and_keeps_its_runs(
@@ -114,5 +114,5 @@ async def test_a_postgres_database_made_by_the_first_migration_upgrades_and_keep
     claimed = await new.claim_runs("w", ["wf"], 2.0, 30.0, 5)
     await new.close()
     assert kept is not None
-    assert (kept.queue, kept.priority, kept.started_by) == (None, 0, None)  # the new columns
+    assert (kept.queue, kept.priority, kept.started_by, kept.failures) == (None, 0, None, 0)
     assert [r.id for r in claimed] == ["kept"]

@@ -96,19 +96,21 @@ class App:
         max_payload: int = DEFAULT_MAX_PAYLOAD,
         lease_duration: timedelta = timedelta(seconds=15),
         concurrency: int = 1000,
+        max_executions: int = 5,
         force_replay: bool | None = None,
         notifiers: Sequence[Notifier] = (),
         telemetry: bool | None = None,
     ) -> None:
-        if lease_duration <= timedelta(0) or concurrency < 1:
+        if lease_duration <= timedelta(0) or concurrency < 1 or max_executions < 1:
             raise ConfigurationError(
-                f"lease_duration must be positive and concurrency >= 1 "
-                f"(got {lease_duration!r}, {concurrency!r})"
+                f"lease_duration must be positive, concurrency and max_executions >= 1 "
+                f"(got {lease_duration!r}, {concurrency!r}, {max_executions!r})"
             )
         self.url = store.url if store is not None else (url or default_url())
         settings = Settings(
             lease_duration=lease_duration.total_seconds(),
             concurrency=concurrency,
+            max_executions=max_executions,
             force_replay=_env_flag("TETHER_FORCE_REPLAY") if force_replay is None else force_replay,
         )
         self.engine = Engine(
@@ -362,14 +364,15 @@ class App:
         self.engine.wake(run_id)
 
     async def resume(self, run_id: str) -> RunHandle[Any]:
-        """Give a failed run another go once its cause is fixed: completed steps replay from
-        their checkpoints, each step whose failure ended the run gets one more attempt under
-        the current code. Raises RunNotFound, and ConfigurationError unless the run failed."""
+        """Give a failed or dead run another go once its cause is fixed: completed steps
+        replay from their checkpoints, each step whose failure ended the run gets one more
+        attempt under the current code, and a dead run's count of failed executions starts
+        over. Raises RunNotFound, and ConfigurationError unless the run failed or is dead."""
         await self.open()
         record = await self.engine.store.resume_run(run_id, self.engine.clock.now())
         if record.status is not RunStatus.PENDING:
             raise ConfigurationError(
-                f"run {run_id!r} is {record.status.value}; only a failed run can be resumed"
+                f"run {run_id!r} is {record.status.value}; only a failed or dead run can be resumed"
             )
         if self.engine.worker is not None:
             self.engine.worker.notify()

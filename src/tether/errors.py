@@ -23,6 +23,7 @@ is the default message, and every message says what was wrong and what to do nex
     ├── StoreUnavailable            the database cannot be reached or written
     ├── WaitTimeout                 a caller's local wait ran out; the run goes on
     ├── RunFailed                   raised by handle.result() for a failed run
+    │   └── RunDead                 ... for a dead run: the engine could not execute it
     └── RunCancelled                raised by handle.result() for a cancelled run
     PermanentError                  raise it (or a subclass) in a step to fail without retrying
 
@@ -160,6 +161,22 @@ class RunFailed(_RunEnded):
         )
 
 
+class RunDead(RunFailed):
+    """The run is dead (dead-lettered): the engine could not execute it, outside the workflow's
+    own code (a checkpoint this code cannot decode, no code for its workflow...). `.error`
+    holds why; fix that, then resume it (`tether runs resume ID`)."""
+
+    def __init__(self, run_id: str, error: dict[str, Any] | None = None) -> None:
+        err = error or {}
+        _RunEnded.__init__(
+            self,
+            run_id,
+            error,
+            f"run {run_id!r} is dead, the engine could not execute it: {err.get('type', 'Error')}:"
+            f" {err.get('message', '')} (see `tether runs show {run_id}`)",
+        )
+
+
 class RunCancelled(_RunEnded):
     """The run was cancelled before it finished."""
 
@@ -182,6 +199,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "RunCancelled",
+    "RunDead",
     "RunFailed",
     "RunNotFound",
     "SerializationError",

@@ -60,7 +60,8 @@ def run_json(info: RunInfo) -> dict[str, Any]:
     message = error.get("message")
     return {
         "id": info.id, "workflow": info.workflow, "status": str(info.status),
-        "attempt": info.attempt, "owner": info.owner, "created_at": iso(info.created_at),
+        "attempt": info.attempt, "failures": info.failures, "owner": info.owner,
+        "created_at": iso(info.created_at),
         "updated_at": iso(info.updated_at), "finished_at": iso(info.finished_at),
         "error_type": error.get("type"),
         "error_message": None if message is None else redact_text(str(message)),
@@ -74,6 +75,26 @@ def checkpoint_json(cp: Checkpoint) -> dict[str, Any]:
     return {
         "seq": cp.seq, "name": cp.name, "kind": cp.kind, "status": str(cp.status),
         "attempts": cp.attempts, "duration_ms": duration,
-        "result": None if cp.result is None else redact(json.loads(cp.result)),
-        "error": None if cp.error is None else redact(json.loads(cp.error)),
+        "result": stored(cp.result), "error": stored_error(cp.error),
     }  # fmt: skip
+
+
+def stored(text: str | None) -> Any:
+    """A stored JSON value as people see it, redacted. Text that is not JSON (a row changed
+    in the database: what leaves a run dead) is shown too, as {"undecodable": its start}."""
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"undecodable": redact_text(text[:200])}
+    return redact(value)
+
+
+def stored_error(text: str | None) -> dict[str, Any] | None:
+    """A stored error {type, message, traceback} as people see it, redacted (see stored)."""
+    value = stored(text)
+    if value is None or (isinstance(value, dict) and "undecodable" not in value):
+        return value
+    shown = value["undecodable"] if isinstance(value, dict) else value
+    return {"type": "undecodable", "message": str(shown)}

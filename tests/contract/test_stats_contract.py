@@ -33,18 +33,21 @@ async def test_stats_count_runs_by_status(store: Store) -> None:
     await store.finish_run(lease_of(f1), RunStatus.FAILED, None, '{"type": "x"}', NOW + 2)
     p2 = await claim_one(store, now=NOW + 3)
     await store.suspend_run(lease_of(p2), NOW + 100, NOW + 3)
+    p3 = await claim_one(store, now=NOW + 3)
+    await store.fail_execution(lease_of(p3), '{"type": "x"}', 5, None, NOW + 3)  # dead
     await store.create_run(new("done"), NOW + 4, owner="w9", lease_until=NOW + 30)
     done = await get(store, "done")
     await store.finish_run(lease_of(done), RunStatus.SUCCEEDED, "1", None, NOW + 5)
 
     stats = await store.stats()
     assert dict(stats.runs) == {
-        RunStatus.PENDING: 2,  # p3, s1
+        RunStatus.PENDING: 1,  # s1
         RunStatus.RUNNING: 1,  # p1
         RunStatus.WAITING: 1,  # p2
         RunStatus.SUCCEEDED: 1,
         RunStatus.FAILED: 1,
         RunStatus.CANCELLED: 1,
+        RunStatus.DEAD: 1,  # p3
     }
     assert sum(stats.runs.values()) == len(await store.list_runs(limit=100)) == 7
 

@@ -72,7 +72,7 @@ async def approval(
     digest = operation_digest(ctx.run_id, name, json.loads(serde.dumps(operation)))
     aid = approval_id(ctx.run_id, name)
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
-        info = json.loads(recorded.result or "{}")
+        info = ctx.decode(recorded, lambda: dict(json.loads(recorded.result or "{}")))
         if info.get("digest") != digest:
             raise Abandon(NonDeterminismError(
                 f"approval {name!r} of run {ctx.run_id!r} was asked for an operation with "
@@ -197,7 +197,7 @@ async def _expire(ctx: RunContext, aid: str, name: str) -> dict[str, Any]:
     """The expiry timer won: close the approval (a decision that raced in first stands)."""
     seq, slot_name, recorded = ctx.slot(f"{name}:expiry", "approval-expiry")
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
-        return dict(json.loads(recorded.result or "{}"))
+        return ctx.decode(recorded, lambda: dict(json.loads(recorded.result or "{}")))
     store, clock = ctx.engine.store, ctx.engine.clock
 
     async def call() -> ApprovalRecord:

@@ -29,7 +29,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 APP_FORM = "module:attribute, e.g. `myproject.main:app`"
 STATUS_STYLE = {  # the statuses of runs, checkpoints and approvals
     "pending": "yellow", "running": "blue", "waiting": "cyan", "succeeded": "green",
-    "failed": "red", "cancelled": "magenta", "started": "yellow", "retrying": "cyan",
+    "failed": "red", "cancelled": "magenta", "dead": "bold red", "started": "yellow",
+    "retrying": "cyan",
     "completed": "green", "approved": "green", "rejected": "red", "expired": "magenta",
 }  # fmt: skip
 

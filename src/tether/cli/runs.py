@@ -1,4 +1,5 @@
-"""`tether runs list | show | cancel`: look at runs and their steps, and cancel them.
+"""`tether runs list | show | cancel | resume`: look at runs and their steps, cancel them, and
+resume failed or dead ones.
 
 Parses arguments, calls App and RunHandle, and renders what they return as tables or JSON. It
 must not hold engine logic or talk SQL: what it needs beyond printing belongs in the library.
@@ -28,6 +29,15 @@ from tether.store.base import Checkpoint, RunStatus
 from tether.views import checkpoint_json, run_json
 
 
+def dead_reason(info: RunInfo) -> str:
+    """Why a dead run is dead, and what to do about it, in one line."""
+    if info.failures:
+        why = f"after {info.failures} executions in a row failed outside the workflow's code"
+    else:
+        why = "since no live worker serves its workflow"
+    return f"{why}; fix the cause, then `tether runs resume {info.id}`"
+
+
 def first_line(error: dict[str, Any] | None) -> str:
     if not error:
         return ""
@@ -39,7 +49,7 @@ def first_line(error: dict[str, Any] | None) -> str:
 @database_options
 @click.pass_context
 def runs(ctx: click.Context, database: str, app_ref: str | None) -> None:
-    """List, inspect and cancel runs."""
+    """List, inspect, cancel and resume runs."""
     ctx.obj = {"database": database, "app": app_ref}
 
 
@@ -106,7 +116,8 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
     out = console()
     out.print(fields_grid([
         ("id", info.id), ("workflow", info.workflow), ("status", status_text(info.status)),
-        ("attempt", str(info.attempt)), ("owner", info.owner or ""),
+        ("attempt", str(info.attempt)), ("failures", str(info.failures)),
+        ("owner", info.owner or ""),
         ("created", short_time(info.created_at)), ("updated", short_time(info.updated_at)),
         ("finished", short_time(info.finished_at)),
     ]))  # fmt: skip
@@ -119,7 +130,13 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
     out.print(steps if checkpoints else Text("no steps recorded", style="dim"))
     if info.status is RunStatus.SUCCEEDED:
         out.print(Text("result", style="bold"), Pretty(result))
-    elif info.error:
+        return
+    if info.status is RunStatus.DEAD:
+        out.print(Text("dead-lettered ", style="bold red") + Text(dead_reason(info)))
+    elif info.failures and info.error:  # not dead yet: the last failed execution
+        out.print(Text(f"failed executions in a row: {info.failures} ", style="bold yellow")
+                  + Text("(tried again after a backoff)"))  # fmt: skip
+    if info.error:
         out.print(Text("error ", style="bold red") + Text(first_line(info.error)))
         if info.error.get("traceback"):
             out.print(Text(str(info.error["traceback"]).rstrip(), style="dim"))
@@ -154,10 +171,11 @@ def runs_cancel(ctx: click.Context, run_id: str) -> None:
 @click.argument("run_id", metavar="ID")
 @click.pass_context
 def runs_resume(ctx: click.Context, run_id: str) -> None:
-    """Give a failed run another go, once its cause is fixed (deploy the fix first).
+    """Give a failed or dead run another go, once its cause is fixed (deploy the fix first).
 
     Completed steps replay from their checkpoints; each step whose failure ended the run gets
-    one more attempt under the current code. A worker (`tether worker`) picks the run up.
+    one more attempt under the current code; a dead run's count of failed executions starts
+    over. A worker (`tether worker`) picks the run up.
     """
 
     async def work(app: App) -> RunStatus:

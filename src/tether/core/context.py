@@ -23,6 +23,7 @@ from tether.errors import (
     LeaseLost,
     NonDeterminismError,
     NotInWorkflow,
+    SerializationError,
     StoreUnavailable,
 )
 from tether.store.base import Checkpoint, CheckpointStatus, Lease
@@ -59,9 +60,13 @@ class EndOfHistory(_Signal):
 
 
 class Abandon(_Signal):
-    """The run cannot go on here: the lease was lost, or replay diverged from the history."""
+    """The run cannot go on here: the lease was lost, replay diverged from the history, or a
+    recorded checkpoint cannot be decoded (SerializationError: the engine cannot execute the
+    run, and counts the failure; see Runner)."""
 
-    def __init__(self, cause: LeaseLost | NonDeterminismError | StoreUnavailable) -> None:
+    def __init__(
+        self, cause: LeaseLost | NonDeterminismError | StoreUnavailable | SerializationError
+    ) -> None:
         super().__init__(str(cause))
         self.cause = cause
 
@@ -116,6 +121,7 @@ class RunContext:
     settled: asyncio.Event = field(default_factory=asyncio.Event)
     abandoned: BaseException | None = None
     replay_only: bool = False  # checking a history: never execute, stop where it ends
+    writes: int = 0  # checkpoints this execution wrote: whether it made progress
 
     def __post_init__(self) -> None:
         self.settled.set()
@@ -187,6 +193,7 @@ class RunContext:
 
         await self.durable(call, read_back)
         self.history[checkpoint.seq] = checkpoint
+        self.writes += 1
 
     async def take_event(self, keys: Sequence[str], done: Checkpoint, now: float) -> str | None:
         """Consume the oldest event for `keys` into the checkpoint `done` (see Store)."""
@@ -208,6 +215,7 @@ class RunContext:
         taken = await self.durable(call, read_back)
         if taken is not None:
             self.history[done.seq] = done
+            self.writes += 1
         return None if taken is None else str(taken)
 
     async def durable(
@@ -219,6 +227,23 @@ class RunContext:
             return await retry_store(self.engine, call, read_back)
         except (LeaseLost, StoreUnavailable) as exc:
             self.abandoned = Abandon(exc)
+            raise self.abandoned from None
+
+    def decode(self, recorded: Checkpoint | str, load: Callable[[], T]) -> T:
+        """`load()`: the value of a recorded checkpoint (or of what `recorded` names) decoded.
+        One that cannot be (its text is not JSON, or no longer fits the code's type hint)
+        stops this execution: user code cannot catch that, since going on would take another
+        path than the recorded one. The runner counts it as a failed execution."""
+        try:
+            return load()
+        except Exception as exc:  # only decoding runs in load: it does not fit this code
+            what = (recorded if isinstance(recorded, str)
+                    else f"checkpoint {recorded.name!r} (position {recorded.seq})")  # fmt: skip
+            self.abandoned = Abandon(SerializationError(
+                f"{what} of run {self.run_id!r} cannot be decoded by this code: {exc}. Deploy "
+                f"code that reads it (the type hint it was recorded under), or repair the row, "
+                f"then `tether runs resume {self.run_id}`"
+            ))  # fmt: skip
             raise self.abandoned from None
 
     def peek(self) -> Checkpoint | None:
@@ -318,7 +343,7 @@ def _recorded(helper: str, make: Any) -> Any:
     seq, name, recorded = ctx.slot(helper, helper)
     serde = ctx.engine.serde
     if recorded is not None:
-        return serde.loads(recorded.result or "null")
+        return ctx.decode(recorded, lambda: serde.loads(recorded.result or "null"))
     value = make()
     text = serde.dumps(value, what=f"tether.{helper}()")
     now = ctx.engine.clock.now()

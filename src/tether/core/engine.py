@@ -30,6 +30,16 @@ class Settings:
     concurrency: int = 1000  # runs one worker executes at once
     force_replay: bool = False  # replay the run from the store after every new checkpoint
     queues: tuple[str, ...] | None = None  # the queues this worker serves (None: all)
+    # Poison runs (docs/semantics.md, "Dead letters"): executions of a run that fail outside
+    # the workflow's code (an undecodable checkpoint...) are tried again after failure_backoff
+    # seconds, doubled each time up to max_failure_backoff; the max_executions-th in a row
+    # leaves the run dead. A run due for unserved_grace seconds whose workflow no live worker
+    # serves is dead too (None: never); each worker looks every unserved_check seconds.
+    max_executions: int = 5
+    failure_backoff: float = 1.0
+    max_failure_backoff: float = 60.0
+    unserved_grace: float | None = 600.0
+    unserved_check: float = 60.0
 
 
 @dataclass(slots=True)

@@ -16,7 +16,7 @@ from typing import Any, Generic, TypeVar, cast
 from tether.clock import to_datetime
 from tether.core.engine import Engine
 from tether.core.runner import CANCELLED_ERROR
-from tether.errors import RunCancelled, RunFailed, RunNotFound, WaitTimeout
+from tether.errors import RunCancelled, RunDead, RunFailed, RunNotFound, WaitTimeout
 from tether.store.base import Checkpoint, RunRecord, RunStatus
 
 R = TypeVar("R")
@@ -37,6 +37,7 @@ class RunInfo:
     error: dict[str, Any] | None
     owner: str | None
     attempt: int  # how many times a worker has claimed the run (its lease epoch)
+    failures: int = 0  # executions in a row that failed outside the workflow's code
 
     @classmethod
     def of(cls, record: RunRecord) -> RunInfo:
@@ -50,6 +51,7 @@ class RunInfo:
             error=None if record.error is None else json.loads(record.error),
             owner=record.owner,
             attempt=record.epoch,
+            failures=record.failures,
         )
 
 
@@ -82,8 +84,9 @@ class RunHandle(Generic[R]):
         return await self._engine.store.load_history(self.id)
 
     async def result(self, timeout: float | timedelta | None = None) -> R:
-        """Wait for the run to end and return its result. Raises RunFailed or RunCancelled for
-        runs that ended so, and WaitTimeout (the run goes on) if `timeout` runs out first."""
+        """Wait for the run to end and return its result. Raises RunFailed, RunDead (a
+        RunFailed) or RunCancelled for runs that ended so, and WaitTimeout (the run goes on) if
+        `timeout` runs out first."""
         engine = self._engine
         limit = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
         loop = asyncio.get_running_loop()
@@ -129,6 +132,8 @@ class RunHandle(Generic[R]):
         error = json.loads(record.error) if record.error else None
         if record.status is RunStatus.CANCELLED:
             raise RunCancelled(self.id, error)
+        if record.status is RunStatus.DEAD:
+            raise RunDead(self.id, error)
         raise RunFailed(self.id, error)
 
     async def cancel(self) -> None:

@@ -29,7 +29,9 @@ class RunOutcome(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    DEAD = "dead"  # dead-lettered: the engine could not execute it, max_executions in a row
     SUSPENDED = "suspended"  # released to wait (a timer, an event, a durable retry delay)
+    ERRORED = "errored"  # failed outside the workflow's code; released to be tried again
     ABANDONED = "abandoned"  # stopped without an outcome: lease lost, store gone, worker stop
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tether.core.context import _RUN, Abandon, EndOfHistory, RunContext
 from tether.core.engine import Engine
-from tether.errors import NonDeterminismError
+from tether.errors import NonDeterminismError, SerializationError
 from tether.store.base import Checkpoint, Lease
 
 
@@ -86,5 +86,7 @@ async def replay(
     except Abandon as abandon:
         if isinstance(abandon.cause, NonDeterminismError):
             return ReplayOutcome(run_id, workflow, abandon.cause)
+        if isinstance(abandon.cause, SerializationError):  # a checkpoint it cannot decode
+            return ReplayOutcome(run_id, workflow, NonDeterminismError(str(abandon.cause)))
         raise
     return ReplayOutcome(run_id, workflow, None)

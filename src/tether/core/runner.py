@@ -3,6 +3,11 @@
 The workflow runs in the runner's own task; flags tell a user's cancel request, the worker
 stopping (shutdown, lost lease) and the deadline watchdog apart. The runner writes only through
 the Store port with its Lease; it never claims runs (the worker does).
+
+An execution that fails outside the workflow's own code (a checkpoint this code cannot decode,
+arguments that no longer fit, no code for the workflow, a corrupt row) is not the run's
+failure: the runner records it on the run (fail_execution), which is tried again after a
+backoff, and is dead once settings.max_executions such executions came in a row.
 """
 
 from __future__ import annotations
@@ -26,7 +31,14 @@ from tether.core.context import (
 from tether.core.engine import Engine
 from tether.core.observe import RunOutcome
 from tether.core.workflow import Workflow
-from tether.errors import LeaseLost, StoreUnavailable, WorkflowTimeout
+from tether.errors import (
+    ConfigurationError,
+    LeaseLost,
+    NonDeterminismError,
+    SerializationError,
+    StoreUnavailable,
+    WorkflowTimeout,
+)
 from tether.serde import encode_error
 from tether.store.base import Checkpoint, Lease, RunRecord, RunStatus
 
@@ -52,6 +64,7 @@ class Runner:
         self._in_workflow = False  # workflow code (not the runner's own bookkeeping) runs now
         self.outcome = RunOutcome.ABANDONED  # how this execution stopped, for the observer
         self.failure: BaseException | None = None  # what failed the run, if it failed
+        self.progressed = False  # this execution wrote a checkpoint
 
     def request_cancel(self) -> None:
         """End the run as cancelled: the workflow (and the step it awaits) sees CancelledError."""
@@ -80,11 +93,14 @@ class Runner:
         except asyncio.CancelledError as exc:
             stopped = exc
             raise
+        except StoreUnavailable as exc:
+            stopped = exc
+            # The database stayed away; the lease runs out and another attempt (here or
+            # elsewhere) resumes the run from its checkpoints.
+            log.exception("run %r stopped on a store error; it will be resumed", run_id)
         except Exception as exc:
             stopped = exc
-            # The store failed while recording the outcome; the lease runs out and another
-            # attempt (here or elsewhere) resumes the run from its checkpoints.
-            log.exception("run %r stopped on a store error; it will be resumed", run_id)
+            await self._failed_execution(exc)
         finally:
             if observer is not None:
                 observer.run_ended(watch, self.outcome, stopped or self.failure)
@@ -92,7 +108,12 @@ class Runner:
 
     async def _run(self) -> None:
         engine, record = self.engine, self.record
-        workflow = engine.workflows[record.workflow]
+        workflow = engine.workflows.get(record.workflow)
+        if workflow is None:
+            raise ConfigurationError(
+                f"run {record.id!r} is of workflow {record.workflow!r}, which this process does "
+                f"not register; deploy its code, then `tether runs resume {record.id}`"
+            )
         history = self.history
         if history is None and not self.cancel_requested:
             history = await engine.store.load_history(record.id)
@@ -115,6 +136,7 @@ class Runner:
                 failure = exc
             finally:
                 self._in_workflow = False
+                self.progressed = self.progressed or ctx.writes > 0
                 _RUN.reset(token)
             if failure is None:
                 await self._finish(RunStatus.SUCCEEDED, result, None)
@@ -147,8 +169,9 @@ class Runner:
             self.suspended = True
             self.outcome = RunOutcome.SUSPENDED
         elif isinstance(failure, Abandon):
-            if isinstance(failure.cause, LeaseLost | StoreUnavailable):
-                raise failure.cause from None  # not the run's failure: stop, it is resumed
+            if not isinstance(failure.cause, NonDeterminismError):
+                # Not the run's failure: stop (it is resumed), or count a failed execution.
+                raise failure.cause from None
             await self._fail(failure.cause)
         elif isinstance(failure, asyncio.CancelledError):
             task = asyncio.current_task()
@@ -210,13 +233,68 @@ class Runner:
 
     async def _body(self, ctx: RunContext, workflow: Workflow[..., Any]) -> str:
         serde = self.engine.serde
-        args, kwargs = workflow.decode_args(serde, self.record.args)
+        try:
+            args, kwargs = workflow.decode_args(serde, self.record.args)
+        except Exception as exc:  # stored under other code, or changed in the database
+            raise Abandon(SerializationError(
+                f"the stored arguments of run {self.record.id!r} do not fit workflow "
+                f"{workflow.name}{workflow.signature} ({type(exc).__name__}: {exc}); deploy "
+                f"code that takes them, then `tether runs resume {self.record.id}`"
+            )) from None  # fmt: skip
         result = await workflow.fn(*args, **kwargs)
         missing = ctx.unreplayed()
         if missing is not None:
             raise Abandon(ctx.divergence(missing))
         await ctx.flush()
         return serde.dumps(result, what=f"result of workflow {workflow.name!r}")
+
+    async def _failed_execution(self, exc: Exception) -> None:
+        """This execution failed outside the workflow's code: record it on the run, which
+        waits out a backoff and is tried again, or is dead after max_executions in a row."""
+        engine, settings, lease = self.engine, self.engine.settings, self.lease
+        failures = (0 if self.progressed else self.record.failures) + 1
+        error = json.dumps(encode_error(exc))
+        now = engine.clock.now()
+        retry_at: float | None = None
+        if failures < settings.max_executions:
+            delay = settings.failure_backoff * 2 ** (failures - 1)
+            retry_at = now + min(delay, settings.max_failure_backoff)
+            log.error("run %r: execution %d of at most %d in a row failed outside the "
+                      "workflow's code; tried again in %.1fs", self.record.id, failures,
+                      settings.max_executions, retry_at - now, exc_info=exc)  # fmt: skip
+        else:
+            log.error("run %r is dead: %d executions in a row failed outside the workflow's "
+                      "code; fix the cause, then `tether runs resume %s`", self.record.id,
+                      failures, self.record.id, exc_info=exc)  # fmt: skip
+
+        async def record() -> None:
+            await engine.store.fail_execution(lease, error, failures, retry_at, now)
+
+        async def read_back() -> object:
+            run = await engine.store.get_run(lease.run_id)
+            done = (run is not None and run.epoch == lease.epoch and run.owner is None
+                    and run.failures == failures)  # fmt: skip
+            return None if done else MISSING
+
+        try:
+            await retry_store(engine, record, read_back)
+        except (LeaseLost, StoreUnavailable) as lost:
+            log.warning("run %r: its failed execution was not recorded (%s)", lease.run_id, lost)
+            return
+        except Exception:  # the lease runs out and the run is adopted, as after a crash
+            log.exception("run %r: its failed execution was not recorded", lease.run_id)
+            return
+        if retry_at is not None:
+            self.outcome, self.suspended = RunOutcome.ERRORED, True
+            return
+        self.outcome, self.failure = RunOutcome.DEAD, exc
+        self.final = dataclasses.replace(
+            self.record, status=RunStatus.DEAD, result=None, error=error, owner=None,
+            lease_expires_at=None, wake_at=None, wake_on=(), cancel_requested=False,
+            updated_at=now, finished_at=now, failures=failures,
+        )  # fmt: skip
+        if self.record.parent_id is not None:
+            engine.wake(self.record.parent_id)
 
     async def _fail(self, exc: BaseException) -> None:
         self.failure = exc

@@ -119,7 +119,8 @@ async def _start(
 ) -> ChildHandle[R]:
     seq, name, recorded = ctx.slot(f"child:{wf.name}", "child")
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
-        return ChildHandle(json.loads(recorded.result or '""'), wf.name)
+        child_id = ctx.decode(recorded, lambda: str(json.loads(recorded.result or '""')))
+        return ChildHandle(child_id, wf.name)
     if ctx.pending:
         await ctx.flush()
     child_id = given_id or f"{ctx.run_id}/{name}"

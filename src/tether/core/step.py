@@ -182,9 +182,8 @@ async def _attempts(
             finally:
                 ctx.leave_body()
             finished = clock.now()
-            await ctx.write(
-                outcome(status=CheckpointStatus.COMPLETED, result=text, finished_at=finished)
-            )
+            done = outcome(status=CheckpointStatus.COMPLETED, result=text, finished_at=finished)
+            await ctx.write(done)
         except BaseException as exc:
             if observer is not None and not told:  # cancelled, or the run was abandoned
                 observer.step_ended(watch, StepOutcome.INTERRUPTED, clock.now() - started, exc)
@@ -192,13 +191,23 @@ async def _attempts(
         if observer is not None:
             observer.step_ended(watch, StepOutcome.COMPLETED, finished - started, None)
         _replay_if_forced(ctx)
-        if type(value) in _SCALARS:
-            return value  # type: ignore[no-any-return]
-        # Give back what replay would: the value rebuilt from its JSON (tuples become lists...).
-        return serde.loads(text, step.return_hint, what=what)  # type: ignore[return-value]
+        return _returned(step, ctx, done, value, what)  # type: ignore[no-any-return]
 
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
+
+
+def _returned(
+    step: Step[..., Any], ctx: RunContext, done: Checkpoint, value: Any, what: str
+) -> Any:
+    """What a completed attempt gives back: what replay would give, the value rebuilt from
+    its JSON (tuples become lists...); so a value that does not fit the step's type hint
+    stops the execution as it would on replay."""
+    hint = step.return_hint
+    if type(value) in _SCALARS and (hint is Any or hint is type(value)):
+        return value
+    serde = ctx.engine.serde
+    return ctx.decode(done, lambda: serde.loads(done.result or "null", hint, what=what))
 
 
 async def _from_history(
@@ -215,9 +224,12 @@ async def _from_history(
     raised), or NOT_DONE when another attempt is due (once a recorded retry delay has passed,
     or a started at-most-once attempt was reconciled as not done)."""
     if recorded.status is CheckpointStatus.COMPLETED:
-        return ctx.engine.serde.loads(recorded.result or "null", step.return_hint, what=what)
+        serde = ctx.engine.serde
+        return ctx.decode(
+            recorded, lambda: serde.loads(recorded.result or "null", step.return_hint, what=what)
+        )
     if recorded.status is CheckpointStatus.FAILED:
-        raise rebuild_error(json.loads(recorded.error or "{}"))
+        raise rebuild_error(ctx.decode(recorded, lambda: json.loads(recorded.error or "{}")))
     if recorded.status is CheckpointStatus.RETRYING and recorded.retry_at is not None:
         await _wait_until(ctx, recorded.retry_at)
     elif recorded.status is CheckpointStatus.STARTED:

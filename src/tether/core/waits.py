@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from tether.core.context import ReplayNow, RunContext, Suspend, current_run
-from tether.errors import ConfigurationError, RunCancelled, RunFailed
+from tether.errors import ConfigurationError, RunCancelled, RunDead, RunFailed
 from tether.store.base import Checkpoint, CheckpointStatus, RunStatus, child_key
 
 TIMEOUT = "tether:timeout"  # the key recorded when a wait's timeout won
@@ -125,7 +125,7 @@ async def wait(ctx: RunContext, base: str, kind: str, plan: Plan) -> tuple[str, 
     """Run one durable wait; returns (the recorded key that won, its value as JSON data)."""
     seq, name, recorded = ctx.slot(base, kind)
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
-        return _decode(ctx, recorded.result)
+        return _decode(ctx, recorded, recorded.result)
     engine = ctx.engine
     clock = engine.clock
     now = clock.now()
@@ -173,7 +173,7 @@ async def _ready(
     if keys:  # events, and the ends of child runs, both come through the mailbox
         taken = await ctx.take_event(keys, done, clock.now())
         if taken is not None:
-            return _decode(ctx, taken)
+            return _decode(ctx, done, taken)
     now = clock.now()
     due = sorted((s.due(started), n) for n, s in plan.names.items() if isinstance(s, TimerWait))
     if due and due[0][0] <= now:
@@ -191,9 +191,16 @@ async def _record(ctx: RunContext, done: Checkpoint, key: str, value: Any) -> tu
     return key, value
 
 
-def _decode(ctx: RunContext, text: str | None) -> tuple[str, Any]:
-    data: Any = ctx.engine.serde.loads(text or "{}")
+def _decode(ctx: RunContext, recorded: Checkpoint, text: str | None) -> tuple[str, Any]:
+    serde = ctx.engine.serde
+    data = ctx.decode(recorded, lambda: _object(serde.loads(text or "{}")))
     return str(data.get("key")), data.get("value")
+
+
+def _object(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError(f"a wait's outcome is a JSON object, not {value!r:.100}")
+    return value
 
 
 def _replay_if_forced(ctx: RunContext) -> None:
@@ -277,12 +284,22 @@ def _child_value(ctx: RunContext, spec: WaitSpec, value: Any) -> Any:
     result, or its failure raised."""
     if not isinstance(spec, ChildWait):
         return value
-    status = RunStatus(value["status"])
-    error = json.loads(value["error"]) if value.get("error") else None
+    what = f"the recorded end of child run {spec.run_id!r}"
+    status, error = ctx.decode(what, lambda: _child_end(value))
+    if status is RunStatus.DEAD:
+        raise RunDead(spec.run_id, error)
     if status is RunStatus.FAILED:
         raise RunFailed(spec.run_id, error)
     if status is RunStatus.CANCELLED:
         raise RunCancelled(spec.run_id, error)
     workflow = ctx.engine.workflows.get(spec.workflow)
     hint = workflow.return_hint if workflow is not None else Any
-    return ctx.engine.serde.loads(value["result"] or "null", hint, what=f"result of {spec.run_id}")
+    serde = ctx.engine.serde
+    return ctx.decode(what, lambda: serde.loads(value["result"] or "null", hint,
+                                                what=f"result of {spec.run_id}"))  # fmt: skip
+
+
+def _child_end(value: Any) -> tuple[RunStatus, dict[str, Any] | None]:
+    """(status, error) of a child's end as its parent's mailbox recorded it."""
+    status = RunStatus(value["status"])
+    return status, json.loads(value["error"]) if value.get("error") else None

@@ -2,18 +2,24 @@
 
 At start it recovers the runs of dead workers on the same host at once; while it runs, a
 heartbeat extends its leases, learns which it lost and which were asked to cancel, and looks
-for newly dead local workers. It never executes workflow code itself (the runner does).
+for newly dead local workers. Its row names the workflows it serves; every
+settings.unserved_check seconds it dead-letters the runs whose workflow no live worker has
+served for settings.unserved_grace. It never executes workflow code itself (the runner does).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import json
 import logging
 
 from tether.core.engine import Engine
 from tether.core.lease import process_alive, this_worker
 from tether.core.runner import Runner
+from tether.errors import ConfigurationError
+from tether.serde import encode_error
 from tether.store.base import Checkpoint, Lease, RunRecord
 
 log = logging.getLogger("tether.worker")
@@ -33,6 +39,7 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
         self._events_seen = 0  # the newest event id this worker has looked at
         self._stopped = False
+        self._swept_at: float | None = None  # when it last looked for unserved runs
 
     @property
     def lease_duration(self) -> float:
@@ -40,6 +47,7 @@ class Worker:
 
     async def start(self) -> None:
         store, now = self.engine.store, self.engine.clock.now()
+        self.info = dataclasses.replace(self.info, workflows=tuple(sorted(self.served())))
         await store.register_worker(self.info, now)
         self._events_seen = await store.last_event_id()
         await self.recover_local()
@@ -178,5 +186,37 @@ class Worker:
                 for run_id in reply.cancel:
                     self.cancel(run_id)
                 await self.recover_local()
+                await self.dead_letter_unserved()
             except Exception:
                 log.exception("heartbeat failed; retrying")
+
+    async def dead_letter_unserved(self, *, force: bool = False) -> list[str]:
+        """Every settings.unserved_check seconds (or now, with `force`): end dead the runs
+        due for settings.unserved_grace seconds whose workflow no worker that was alive in
+        that time serves (its code was removed, or all its workers are gone). Returns their
+        ids."""
+        engine = self.engine
+        settings, now = engine.settings, engine.clock.now()
+        grace = settings.unserved_grace
+        due = self._swept_at is None or now - self._swept_at >= settings.unserved_check
+        if grace is None or not (due or force):
+            return []
+        self._swept_at = now
+        served = tuple(sorted(self.served()))
+        if served != self.info.workflows:  # workflows registered after the worker started
+            self.info = dataclasses.replace(self.info, workflows=served)
+            await engine.store.register_worker(self.info, now)
+
+        def error(run_id: str, workflow: str) -> str:
+            return json.dumps(encode_error(ConfigurationError(
+                f"no worker serves workflow {workflow!r}: none that was alive in the last "
+                f"{grace:g}s registers it, and the run was due all that time (its code was "
+                f"removed or renamed, or its workers are down). Deploy a worker with its code, "
+                f"then `tether runs resume {run_id}`"
+            )))  # fmt: skip
+
+        buried = await engine.store.dead_letter_unserved(now - grace, error, now)
+        for run_id in buried:
+            log.error("run %r is dead: no live worker serves its workflow", run_id)
+            engine.run_ended(run_id, None)
+        return buried

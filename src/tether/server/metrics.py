@@ -61,7 +61,8 @@ class Scrape(Collector):
         yield _counter("tether_runs_finished", "Runs this process ended, by workflow and status.",
                        ["workflow", "status"], metrics.runs_finished)  # fmt: skip
         yield _counter("tether_run_executions", "Executions of runs in this process, by workflow "
-                       "and outcome (succeeded, failed, cancelled, suspended, abandoned).",
+                       "and outcome (succeeded, failed, cancelled, dead, suspended, errored, "
+                       "abandoned).",
                        ["workflow", "outcome"], metrics.run_executions)  # fmt: skip
         yield _counter("tether_step_attempts", "Step attempts in this process, by step and "
                        "outcome (completed, retrying, failed, interrupted).",

@@ -11,7 +11,7 @@ This module must not import tether.core or any backend.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
@@ -26,15 +26,19 @@ class RunStatus(StrEnum):
     RUNNING = "running"  # owned by a worker through a lease
     WAITING = "waiting"  # suspended until wake_at (timer, retry delay) or a wake-up
     SUCCEEDED = "succeeded"
-    FAILED = "failed"
+    FAILED = "failed"  # the workflow's own code failed it (an exception it did not catch)
     CANCELLED = "cancelled"
+    # Dead-lettered: the engine could not execute it (an undecodable checkpoint, no code for
+    # its workflow...), settings.max_executions times in a row or past a grace period. Ended
+    # for callers like failed; an operator resumes it after a fix.
+    DEAD = "dead"
 
     @property
     def terminal(self) -> bool:
-        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+        return self in TERMINAL_STATUSES
 
 
-TERMINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED)
+TERMINAL_STATUSES = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.DEAD)
 
 
 class CheckpointStatus(StrEnum):
@@ -68,6 +72,7 @@ class RunRecord:
     dedup_key: str | None = None
     started_at: float | None = None  # when a worker first claimed it (rate limits count these)
     started_by: str | None = None  # who started it (approvals with separate duties refuse them)
+    failures: int = 0  # consecutive executions that failed outside the workflow's code
 
 
 def child_key(child_id: str) -> str:
@@ -161,6 +166,7 @@ class WorkerInfo:
     pid_token: str  # identifies this incarnation of the pid (process start time), against reuse
     started_at: float = 0.0
     heartbeat_at: float = 0.0
+    workflows: tuple[str, ...] | None = None  # what it claims; None: unknown (an older worker)
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +249,7 @@ class Store(Protocol):
         """Finish pending writes and release connections."""
 
     async def register_worker(self, worker: WorkerInfo, now: float) -> None:
-        """Insert or refresh this worker's row (host, pid, heartbeat)."""
+        """Insert or refresh this worker's row (host, pid, the workflows it serves, heartbeat)."""
 
     async def list_workers(self, host: str | None = None) -> list[WorkerInfo]:
         """Workers known to the database, optionally only those on one host."""
@@ -314,7 +320,8 @@ class Store(Protocol):
     ) -> None:
         """Release the run as waiting until wake_at, or until an event arrives for one of the
         `wake_on` keys; if such an event is already in the mailbox, or a cancel request is
-        pending, the run is claimable at once. Raises LeaseLost if the lease is not held."""
+        pending, the run is claimable at once. The run made progress: its failures become 0,
+        their error None. Raises LeaseLost if the lease is not held."""
 
     async def finish_run(
         self,
@@ -329,6 +336,24 @@ class Store(Protocol):
         The event's payload is `child_outcome(...)`. The run's pending approvals are cancelled
         (approval_rows.cancel_on_run_end). Raises LeaseLost if the lease is not held."""
 
+    async def fail_execution(
+        self, lease: Lease, error: str, failures: int, retry_at: float | None, now: float
+    ) -> None:
+        """An execution of the run failed outside the workflow's code (the engine could not
+        execute it): store `error` and `failures` (how many such failures in a row) on the run
+        and release the lease. With `retry_at` the run waits until then (wake_on cleared), then
+        is claimable again; without, it is dead: ended as finish_run ends a run (its pending
+        approvals cancelled, its parent told, with status dead). Raises LeaseLost if the lease
+        is not held."""
+
+    async def dead_letter_unserved(
+        self, since: float, error: Callable[[str, str], str], now: float
+    ) -> list[str]:
+        """Runs claimable since before `since` (pending, waiting with wake_at, or running with
+        an expired lease, since then) whose workflow no worker that heartbeated since `since`
+        serves end dead, each with `error(its id, its workflow)`, as finish_run ends a run.
+        Does nothing while such a worker's workflows are unknown (None). Returns their ids."""
+
     async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
         """Cancel a run and, the same way, its unfinished children: one nobody holds ends
         cancelled at once (with this error, and its pending approvals cancelled as in
@@ -336,10 +361,10 @@ class Store(Protocol):
         are left as they are. Raises RunNotFound."""
 
     async def resume_run(self, run_id: str, now: float) -> RunRecord:
-        """Give a failed run another go after a fix: it becomes pending (error cleared), and
-        its failed checkpoints become retrying, due now, so those steps get one more attempt
-        under the current code while completed ones replay. A run in another status is
-        returned unchanged. Raises RunNotFound."""
+        """Give a failed or dead run another go after a fix: it becomes pending (error cleared,
+        failures 0), and its failed checkpoints become retrying, due now, so those steps get
+        one more attempt under the current code while completed ones replay. A run in another
+        status is returned unchanged. Raises RunNotFound."""
 
     async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
         """Append an event to the run's mailbox, unless the run has finished (then nothing is

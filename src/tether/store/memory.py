@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from tether.errors import ApprovalNotFound, LeaseLost, RunNotFound
@@ -77,7 +77,10 @@ class MemoryStore(MemoryStreams):
         with self._lock:
             old = self._workers.get(worker.id)
             started_at = old.started_at if old is not None else now
-            self._workers[worker.id] = replace(worker, started_at=started_at, heartbeat_at=now)
+            workflows = None if worker.workflows is None else tuple(sorted(worker.workflows))
+            self._workers[worker.id] = replace(
+                worker, started_at=started_at, heartbeat_at=now, workflows=workflows
+            )
 
     async def list_workers(self, host: str | None = None) -> list[WorkerInfo]:
         with self._lock:
@@ -276,14 +279,14 @@ class MemoryStore(MemoryStreams):
             run = self._runs.get(run_id)
             if run is None:
                 raise RunNotFound(f"no run has id {run_id!r}; check the id or list runs")
-            if run.status is not RunStatus.FAILED:
+            if run.status not in (RunStatus.FAILED, RunStatus.DEAD):
                 return run
             history = self._history.get(run_id, {})
             for seq, cp in list(history.items()):
                 if cp.status is CheckpointStatus.FAILED:
                     history[seq] = replace(cp, status=CheckpointStatus.RETRYING, retry_at=now)
             resumed = replace(run, status=RunStatus.PENDING, result=None, error=None, owner=None,
-                              lease_expires_at=None, wake_at=None, wake_on=(),
+                              lease_expires_at=None, wake_at=None, wake_on=(), failures=0,
                               cancel_requested=False, finished_at=None, updated_at=now)  # fmt: skip
             self._runs[run_id] = resumed
             return resumed
@@ -364,6 +367,7 @@ class MemoryStore(MemoryStreams):
             self._runs[run.id] = replace(
                 run, status=RunStatus.WAITING, owner=None, lease_expires_at=None,
                 wake_at=now if waiting else wake_at, wake_on=tuple(wake_on), updated_at=now,
+                failures=0, error=None,
             )  # fmt: skip
 
     async def finish_run(
@@ -376,26 +380,54 @@ class MemoryStore(MemoryStreams):
     ) -> None:
         if not RunStatus(status).terminal:
             raise ValueError(
-                f"finish_run needs a terminal status (succeeded, failed, cancelled), got {status!r}"
+                f"finish_run needs a terminal status (succeeded, failed, cancelled, dead), got "
+                f"{status!r}"
             )
         with self._lock:
-            run = self._fenced(lease)
+            self._end(self._fenced(lease), RunStatus(status), result, error, now)
+
+    async def fail_execution(
+        self, lease: Lease, error: str, failures: int, retry_at: float | None, now: float
+    ) -> None:
+        with self._lock:
+            run = replace(self._fenced(lease), failures=failures)
+            if retry_at is None:
+                self._end(run, RunStatus.DEAD, None, error, now)
+                return
             self._runs[run.id] = replace(
-                run,
-                status=RunStatus(status),
-                result=result,
-                error=error,
-                owner=None,
-                lease_expires_at=None,
-                wake_on=(),
-                cancel_requested=False,
-                finished_at=now,
-                updated_at=now,
-            )
-            self._close_approvals(run.id, RunStatus(status), now)
-            if run.parent_id is not None:
-                outcome = child_outcome(status, result, error)
-                self._deliver(run.parent_id, child_key(run.id), outcome, now)
+                run, status=RunStatus.WAITING, error=error, owner=None, lease_expires_at=None,
+                wake_at=retry_at, wake_on=(), updated_at=now,
+            )  # fmt: skip
+
+    async def dead_letter_unserved(
+        self, since: float, error: Callable[[str, str], str], now: float
+    ) -> list[str]:
+        with self._lock:
+            live = [w for w in self._workers.values() if w.heartbeat_at >= since]
+            if any(w.workflows is None for w in live):
+                return []
+            served = {name for w in live for name in w.workflows or ()}
+            dead = sorted(
+                (r for r in self._runs.values() if r.workflow not in served
+                 and (due := _due_since(r)) is not None and due < since),
+                key=lambda r: r.id,
+            )  # fmt: skip
+            for run in dead:
+                self._end(run, RunStatus.DEAD, None, error(run.id, run.workflow), now)
+            return [r.id for r in dead]
+
+    def _end(
+        self, run: RunRecord, status: RunStatus, result: str | None, error: str | None, now: float
+    ) -> None:
+        """End the run (call with the lock held): its row, its approvals, its parent."""
+        self._runs[run.id] = replace(
+            run, status=status, result=result, error=error, owner=None, lease_expires_at=None,
+            wake_at=None, wake_on=(), cancel_requested=False, finished_at=now, updated_at=now,
+        )  # fmt: skip
+        self._close_approvals(run.id, status, now)
+        if run.parent_id is not None:
+            outcome = child_outcome(status, result, error)
+            self._deliver(run.parent_id, child_key(run.id), outcome, now)
 
     # -- approvals ----------------------------------------------------------------------------
 
@@ -500,6 +532,17 @@ class MemoryStore(MemoryStreams):
                 f"{lease.epoch} (another worker adopted it, or it ended); stop executing it"
             )
         return run
+
+
+def _due_since(run: RunRecord) -> float | None:
+    """Since when a worker could have claimed the run (None: it is not claimable)."""
+    if run.status is RunStatus.PENDING:
+        return run.wake_at if run.wake_at is not None else run.updated_at
+    if run.status is RunStatus.WAITING:
+        return run.wake_at
+    if run.status is RunStatus.RUNNING:
+        return run.lease_expires_at
+    return None
 
 
 def _claimable(run: RunRecord, now: float) -> bool:

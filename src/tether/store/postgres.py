@@ -22,25 +22,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from tether import faults
 from tether.errors import (
-    ApprovalNotFound,
     ConfigurationError,
     LeaseLost,
     RunNotFound,
     StoreUnavailable,
-)
-from tether.store.approval_rows import (
-    ApprovalChange,
-    ApprovalRecord,
-    AuditEntry,
-    ChangeFn,
-    Note,
-    apply_change,
-    approval_from_row,
-    approval_key,
-    approval_to_row,
-    audit_from_row,
-    cancel_on_run_end,
-    chain,
 )
 from tether.store.base import (
     Checkpoint,
@@ -59,9 +44,16 @@ from tether.store.base import (
     queue_budget,
     store_stats,
 )
+from tether.store.postgres_approvals import PostgresApprovals, close_approvals
 from tether.store.postgres_streams import PostgresStreams
 from tether.store.postgres_users import PostgresUsers
-from tether.store.rows import audit_to_row, checkpoint_from_row, load_sql, run_from_row
+from tether.store.rows import (
+    checkpoint_from_row,
+    load_sql,
+    run_from_row,
+    worker_from_row,
+    worker_workflows,
+)
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[Any]
@@ -98,12 +90,13 @@ async def _lease_lost(conn: Conn, lease: Lease) -> LeaseLost:
 
 async def _deliver_event(conn: Conn, run_id: str, key: str, payload: str, now: float) -> None:
     args = {"run_id": run_id, "key": key, "payload": payload, "now": now}
+    await conn.execute(_Q["lock_run"], args)  # serialized with the run's suspend_run
     await conn.execute(_Q["insert_event"], args)
     await conn.execute(_Q["wake_for_event"], args)
     await conn.execute(f"NOTIFY {CHANNEL}")
 
 
-class PostgresStore(PostgresUsers, PostgresStreams):
+class PostgresStore(PostgresUsers, PostgresStreams, PostgresApprovals):
     """Store on a PostgreSQL database; many workers on many machines may share it."""
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
@@ -222,7 +215,8 @@ class PostgresStore(PostgresUsers, PostgresStreams):
 
     async def register_worker(self, worker: WorkerInfo, now: float) -> None:
         args = {"id": worker.id, "host": worker.host, "pid": worker.pid,
-                "pid_token": worker.pid_token, "now": now}  # fmt: skip
+                "pid_token": worker.pid_token, "now": now,
+                "workflows": worker_workflows(worker)}  # fmt: skip
 
         async def op(c: Conn) -> None:
             await c.execute(_Q["upsert_worker"], args)
@@ -230,7 +224,7 @@ class PostgresStore(PostgresUsers, PostgresStreams):
         await self._tx(op, write=True, label=f"register_worker:{worker.id}")
 
     async def list_workers(self, host: str | None = None) -> list[WorkerInfo]:
-        return [WorkerInfo(*r) for r in await self._rows(_Q["list_workers"], {"host": host})]
+        return [worker_from_row(r) for r in await self._rows(_Q["list_workers"], {"host": host})]
 
     async def release_worker(self, worker_id: str, now: float) -> list[str]:
         async def op(c: Conn) -> list[str]:
@@ -385,6 +379,8 @@ class PostgresStore(PostgresUsers, PostgresStreams):
                 "wake_on_keys": list(wake_on)}  # fmt: skip
 
         async def op(c: Conn) -> None:
+            # Locked first, so an event delivered meanwhile is seen by the UPDATE (see lock_run).
+            await c.execute(_Q["lock_run"], args)
             if (await c.execute(_Q["suspend_run"], args)).rowcount != 1:
                 raise await _lease_lost(c, lease)
             await c.execute(f"NOTIFY {CHANNEL}")
@@ -401,27 +397,68 @@ class PostgresStore(PostgresUsers, PostgresStreams):
     ) -> None:
         if not RunStatus(status).terminal:
             raise ValueError(f"finish_run needs a terminal status, not {status!r}")
-        args = {
-            "run_id": lease.run_id,
-            "worker": lease.worker_id,
-            "epoch": lease.epoch,
-            "status": str(status),
-            "result": result,
-            "error": error,
-            "now": now,
-        }
+        op = self._finish(lease, RunStatus(status), result, error, None, now)
+        await self._tx(op, write=True, label=f"finish_run:{lease.run_id}")
+
+    def _finish(
+        self,
+        lease: Lease,
+        status: RunStatus,
+        result: str | None,
+        error: str | None,
+        failures: int | None,
+        now: float,
+    ) -> Callable[[Conn], Awaitable[None]]:
+        args = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch,
+                "status": str(status), "result": result, "error": error, "now": now,
+                "failures": failures}  # fmt: skip
 
         async def op(c: Conn) -> None:
             row = await (await c.execute(_Q["finish_run"], args)).fetchone()
             if row is None:
                 raise await _lease_lost(c, lease)
             await c.execute(f"NOTIFY {CHANNEL}")  # a queue's budget may have freed up
-            await _close_approvals(c, lease.run_id, RunStatus(status), now)
-            if row[0] is not None:  # tell the parent, in the same transaction
-                outcome = child_outcome(status, result, error)
-                await _deliver_event(c, row[0], child_key(lease.run_id), outcome, now)
+            await _ended(c, lease.run_id, row[0], status, result, error, now)
 
-        await self._tx(op, write=True, label=f"finish_run:{lease.run_id}")
+        return op
+
+    async def fail_execution(
+        self, lease: Lease, error: str, failures: int, retry_at: float | None, now: float
+    ) -> None:
+        label = f"fail_execution:{lease.run_id}"
+        if retry_at is None:
+            await self._tx(self._finish(lease, RunStatus.DEAD, None, error, failures, now),
+                           write=True, label=label)  # fmt: skip
+            return
+        args = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch,
+                "error": error, "failures": failures, "retry_at": retry_at, "now": now}  # fmt: skip
+
+        async def op(c: Conn) -> None:
+            if (await c.execute(_Q["fail_execution"], args)).rowcount != 1:
+                raise await _lease_lost(c, lease)
+            await c.execute(f"NOTIFY {CHANNEL}")
+
+        await self._tx(op, write=True, label=label)
+
+    async def dead_letter_unserved(
+        self, since: float, error: Callable[[str, str], str], now: float
+    ) -> list[str]:
+        async def op(c: Conn) -> list[str]:
+            live = [r[0] for r in await (await c.execute(_Q["live_workflows"],
+                                                         {"since": since})).fetchall()]  # fmt: skip
+            if any(names is None for names in live):
+                return []  # an older worker: what it serves is unknown
+            served = sorted({name for names in live for name in json.loads(names)})
+            cur = await c.execute(_Q["unserved_runs"], {"since": since, "served": served})
+            buried = []
+            for run_id, workflow, parent_id in await cur.fetchall():
+                text = error(run_id, workflow)
+                await c.execute(_Q["bury_run"], {"id": run_id, "error": text, "now": now})
+                await _ended(c, run_id, parent_id, RunStatus.DEAD, None, text, now)
+                buried.append(run_id)
+            return buried
+
+        return await self._tx(op, write=True, label="dead_letter_unserved")
 
     async def resume_run(self, run_id: str, now: float) -> RunRecord:
         args = {"id": run_id, "now": now}
@@ -448,7 +485,7 @@ class PostgresStore(PostgresUsers, PostgresStreams):
                 if row is None:
                     await c.execute(_Q["cancel_owned"], args)
                 else:
-                    await _close_approvals(c, current, RunStatus.CANCELLED, now)
+                    await close_approvals(c, current, RunStatus.CANCELLED, now)
                     if row[0] is not None:
                         outcome = child_outcome(RunStatus.CANCELLED, None, error)
                         await _deliver_event(c, row[0], child_key(current), outcome, now)
@@ -512,89 +549,30 @@ class PostgresStore(PostgresUsers, PostgresStreams):
         ((pending, oldest),) = [(n, at) for status, n, at in rows if status is None]
         return store_stats(by_status, pending, oldest)
 
-    # -- approvals --------------------------------------------------------------------------
+    # -- what the approval operations (PostgresApprovals) call -------------------------------
 
-    async def create_approval(
-        self, lease: Lease, record: ApprovalRecord, now: float
-    ) -> tuple[ApprovalRecord, bool]:
-        fence = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch}
-        stored, entries = chain(record, [Note("created", None, {"title": record.title})], now)
+    async def _lost(self, conn: Conn, lease: Lease) -> LeaseLost:
+        return await _lease_lost(conn, lease)
 
-        async def op(c: Conn) -> tuple[ApprovalRecord, bool]:
-            if await (await c.execute(_Q["lease_held"], fence)).fetchone() is None:
-                raise await _lease_lost(c, lease)
-            if (await c.execute(_Q["insert_approval"], approval_to_row(stored))).rowcount == 0:
-                row = await (await c.execute(_Q["get_approval"], {"id": record.id})).fetchone()
-                assert row is not None
-                return approval_from_row(row), False
-            await _insert_audit(c, entries)
-            return stored, True
-
-        return await self._tx(op, write=True, label=f"create_approval:{record.id}")
-
-    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
-        rows = await self._rows(_Q["get_approval"], {"id": approval_id})
-        return approval_from_row(rows[0]) if rows else None
-
-    async def list_approvals(
-        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
-    ) -> list[ApprovalRecord]:
-        args = {"status": status, "run_id": run_id, "limit": max(0, limit)}
-        return [approval_from_row(r) for r in await self._rows(_Q["list_approvals"], args)]
-
-    async def change_approval(
-        self, approval_id: str, change: ChangeFn, now: float
-    ) -> tuple[ApprovalRecord, ApprovalChange]:
-        async def op(c: Conn) -> tuple[ApprovalRecord, ApprovalChange]:
-            found = await (await c.execute(_Q["approval_run"], {"id": approval_id})).fetchone()
-            if found is None:
-                raise ApprovalNotFound(
-                    f"no approval has id {approval_id!r}; list them with `tether approvals list`"
-                )
-            # The run first, then the approval: the order in which finish_run and cancel_run
-            # lock them, so the two never deadlock, and the run's status holds until commit.
-            cur = await c.execute(_Q["lock_run_status"], {"id": found[0]})
-            status = await cur.fetchone()
-            run_status = None if status is None else RunStatus(status[0])
-            row = await (await c.execute(_Q["lock_approval"], {"id": approval_id})).fetchone()
-            assert row is not None  # approvals are never deleted
-            record = approval_from_row(row)
-            outcome = change(record, None if run_status is None else run_status.value, now)
-            stored = await _save_approval(c, apply_change(record, outcome, now))
-            if outcome.event is not None and run_status is not None and not run_status.terminal:
-                await _deliver_event(c, record.run_id, approval_key(approval_id), outcome.event,
-                                     now)  # fmt: skip
-            return stored, outcome
-
-        return await self._tx(op, write=True, label=f"change_approval:{approval_id}")
-
-    async def approval_audit(self, approval_id: str) -> list[AuditEntry]:
-        return [audit_from_row(r) for r in await self._rows(_Q["approval_audit"],
-                                                            {"id": approval_id})]  # fmt: skip
+    async def _deliver(self, conn: Conn, run_id: str, key: str, payload: str, now: float) -> None:
+        await _deliver_event(conn, run_id, key, payload, now)
 
 
-async def _insert_audit(conn: Conn, entries: Sequence[AuditEntry]) -> None:
-    async with conn.cursor() as cur:
-        await cur.executemany(_Q["insert_audit"], [audit_to_row(e) for e in entries])
-
-
-async def _save_approval(
-    conn: Conn, saved: tuple[ApprovalRecord, list[AuditEntry]]
-) -> ApprovalRecord:
-    """Write a changed approval's row and append its new audit entries."""
-    record, entries = saved
-    await conn.execute(_Q["update_approval"], approval_to_row(record))
-    await _insert_audit(conn, entries)
-    return record
-
-
-async def _close_approvals(conn: Conn, run_id: str, status: RunStatus, now: float) -> None:
-    """Cancel the pending approvals of a run that ended, in its transaction."""
-    rows = await (await conn.execute(_Q["pending_approvals"], {"run_id": run_id})).fetchall()
-    for row in rows:
-        record = approval_from_row(row)
-        change = cancel_on_run_end(record, status.value, now)
-        await _save_approval(conn, apply_change(record, change, now))
+async def _ended(
+    conn: Conn,
+    run_id: str,
+    parent_id: str | None,
+    status: RunStatus,
+    result: str | None,
+    error: str | None,
+    now: float,
+) -> None:
+    """What ending a run does beside its row, in its transaction: its pending approvals are
+    cancelled, and its parent is told."""
+    await close_approvals(conn, run_id, status, now)
+    if parent_id is not None:
+        outcome = child_outcome(status, result, error)
+        await _deliver_event(conn, parent_id, child_key(run_id), outcome, now)
 
 
 def _checkpoint_args(lease: Lease, cp: Checkpoint, result: str | None) -> dict[str, Any]:

@@ -1,8 +1,8 @@
 """What the SQL backends share: loading their named queries and migrations from sql/<dialect>/,
 and turning rows into the port's records (and audit entries into rows).
 
-It knows the column order of the run, checkpoint, approval, audit and stream queries, nothing
-of any database driver.
+It knows the column order of the run, checkpoint, worker, approval, audit and stream queries,
+nothing of any database driver.
 """
 
 from __future__ import annotations
@@ -20,12 +20,13 @@ from tether.store.base import (
     RunStatus,
     StreamEntry,
     StreamKind,
+    WorkerInfo,
 )
 
 RUN_COLUMNS = (
     "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
     " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on,"
-    " queue, priority, dedup_key, started_at, started_by"
+    " queue, priority, dedup_key, started_at, started_by, failures"
 )
 
 
@@ -58,8 +59,19 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         deadline_at=row[10], cancel_requested=bool(row[11]), created_at=row[12],
         updated_at=row[13], finished_at=row[14], parent_id=row[15],
         wake_on=tuple(json.loads(row[16])) if row[16] else (), queue=row[17], priority=row[18],
-        dedup_key=row[19], started_at=row[20], started_by=row[21],
+        dedup_key=row[19], started_at=row[20], started_by=row[21], failures=row[22],
     )  # fmt: skip
+
+
+def worker_from_row(row: Sequence[Any]) -> WorkerInfo:
+    """A worker from the columns of the list_workers query."""
+    workflows = None if row[6] is None else tuple(json.loads(row[6]))
+    return WorkerInfo(row[0], row[1], row[2], row[3], row[4], row[5], workflows)
+
+
+def worker_workflows(worker: WorkerInfo) -> str | None:
+    """The workflows column of a worker's row: its names as a JSON list (NULL: unknown)."""
+    return None if worker.workflows is None else json.dumps(sorted(worker.workflows))
 
 
 def checkpoint_from_row(row: Sequence[Any]) -> Checkpoint:

@@ -45,7 +45,14 @@ from tether.store.base import (
     queue_budget,
     store_stats,
 )
-from tether.store.rows import audit_to_row, checkpoint_from_row, load_sql, run_from_row
+from tether.store.rows import (
+    audit_to_row,
+    checkpoint_from_row,
+    load_sql,
+    run_from_row,
+    worker_from_row,
+    worker_workflows,
+)
 from tether.store.sqlite_commit import CommitQueue, parse_sqlite_url
 from tether.store.sqlite_streams import SqliteStreams
 from tether.store.sqlite_users import SqliteUsers
@@ -89,6 +96,7 @@ class SqliteStore(SqliteUsers, SqliteStreams):
             "pid_token": worker.pid_token,
             "started_at": worker.started_at,
             "now": now,
+            "workflows": worker_workflows(worker),
         }
         await self._db.submit(
             lambda c: c.execute(_Q["upsert_worker"], args),
@@ -98,7 +106,7 @@ class SqliteStore(SqliteUsers, SqliteStreams):
 
     async def list_workers(self, host: str | None = None) -> list[WorkerInfo]:
         def op(c: sqlite3.Connection) -> list[WorkerInfo]:
-            return [WorkerInfo(*row) for row in c.execute(_Q["list_workers"], {"host": host})]
+            return [worker_from_row(row) for row in c.execute(_Q["list_workers"], {"host": host})]
 
         return await self._db.submit(op, write=False)
 
@@ -327,26 +335,66 @@ class SqliteStore(SqliteUsers, SqliteStreams):
     ) -> None:
         if not RunStatus(status).terminal:
             raise ValueError(f"finish_run needs a terminal status, not {status!r}")
-        args = {
-            "run_id": lease.run_id,
-            "worker": lease.worker_id,
-            "epoch": lease.epoch,
-            "status": str(status),
-            "result": result,
-            "error": error,
-            "now": now,
-        }
+        op = self._finish(lease, RunStatus(status), result, error, None, now)
+        await self._db.submit(op, write=True, label=f"finish_run:{lease.run_id}", multi=True)
+
+    def _finish(
+        self,
+        lease: Lease,
+        status: RunStatus,
+        result: str | None,
+        error: str | None,
+        failures: int | None,
+        now: float,
+    ) -> Callable[[sqlite3.Connection], None]:
+        args = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch,
+                "status": str(status), "result": result, "error": error, "now": now,
+                "failures": failures}  # fmt: skip
 
         def op(c: sqlite3.Connection) -> None:
             row = c.execute(_Q["finish_run"], args).fetchone()
             if row is None:
                 raise _lease_lost(c, lease)
-            _close_approvals(c, lease.run_id, RunStatus(status), now)
-            if row[0] is not None:  # tell the parent, in the same transaction
-                outcome = child_outcome(status, result, error)
-                _deliver_event(c, row[0], child_key(lease.run_id), outcome, now)
+            _ended(c, lease.run_id, row[0], status, result, error, now)
 
-        await self._db.submit(op, write=True, label=f"finish_run:{lease.run_id}", multi=True)
+        return op
+
+    async def fail_execution(
+        self, lease: Lease, error: str, failures: int, retry_at: float | None, now: float
+    ) -> None:
+        label = f"fail_execution:{lease.run_id}"
+        if retry_at is None:
+            op = self._finish(lease, RunStatus.DEAD, None, error, failures, now)
+            await self._db.submit(op, write=True, label=label, multi=True)
+            return
+        op = self._fenced(lease, "fail_execution", error=error, failures=failures,
+                          retry_at=retry_at, now=now)  # fmt: skip
+        await self._db.submit(op, write=True, label=label)
+
+    async def dead_letter_unserved(
+        self, since: float, error: Callable[[str, str], str], now: float
+    ) -> list[str]:
+        def unserved(c: sqlite3.Connection) -> list[tuple[str, str, str | None]]:
+            live = [row[0] for row in c.execute(_Q["live_workflows"], {"since": since})]
+            if any(names is None for names in live):
+                return []  # an older worker: what it serves is unknown
+            served = sorted({name for names in live for name in json.loads(names)})
+            args = {"since": since, "served": json.dumps(served)}
+            return c.execute(_Q["unserved_runs"], args).fetchall()
+
+        def op(c: sqlite3.Connection) -> list[str]:
+            buried = []
+            for run_id, workflow, parent_id in unserved(c):  # again, under the write lock
+                text = error(run_id, workflow)
+                c.execute(_Q["bury_run"], {"id": run_id, "error": text, "now": now})
+                _ended(c, run_id, parent_id, RunStatus.DEAD, None, text, now)
+                buried.append(run_id)
+            return buried
+
+        # Mostly there are none: a read then, not a write transaction (and its fsync).
+        if not await self._db.submit(unserved, write=False):
+            return []
+        return await self._db.submit(op, write=True, label="dead_letter_unserved", multi=True)
 
     async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
         def op(c: sqlite3.Connection) -> RunRecord:
@@ -515,6 +563,22 @@ class SqliteStore(SqliteUsers, SqliteStreams):
             ],
             write=False,
         )
+
+
+def _ended(
+    c: sqlite3.Connection,
+    run_id: str,
+    parent_id: str | None,
+    status: RunStatus,
+    result: str | None,
+    error: str | None,
+    now: float,
+) -> None:
+    """What ending a run does beside its row, in its transaction: its pending approvals are
+    cancelled, and its parent is told."""
+    _close_approvals(c, run_id, status, now)
+    if parent_id is not None:
+        _deliver_event(c, parent_id, child_key(run_id), child_outcome(status, result, error), now)
 
 
 def _deliver_event(c: sqlite3.Connection, run_id: str, key: str, payload: str, now: float) -> None:

@@ -19,6 +19,8 @@ from tether.core.observe import Observer, RunOutcome, StepOutcome, installed
 # Upper bounds (seconds) of the step duration buckets: from a fast local call to a slow model.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     120.0, 300.0)  # fmt: skip
+# Executions after which the run goes on: they count as executions, not as finished runs.
+_GOES_ON = frozenset({RunOutcome.SUSPENDED, RunOutcome.ERRORED, RunOutcome.ABANDONED})
 
 
 @dataclass(slots=True)
@@ -54,7 +56,7 @@ class Histogram:
 
 class Metrics(Observer):
     """Counts of what this process executed: runs finished by workflow and status, run
-    executions by workflow and outcome (suspended and abandoned ones too), step attempts by
+    executions by workflow and outcome (suspended, errored and abandoned ones too), step attempts by
     step and outcome, and a histogram of step attempt durations by step (completed, retrying
     and failed attempts; an interrupted attempt has no duration worth reporting). Keys hold
     the outcome members themselves (StrEnum: they compare and print as their values)."""
@@ -71,7 +73,7 @@ class Metrics(Observer):
     def run_ended(self, state: object, outcome: RunOutcome, error: BaseException | None) -> None:
         key = (cast(str, state), outcome)
         self.run_executions[key] = self.run_executions.get(key, 0) + 1
-        if outcome is not RunOutcome.SUSPENDED and outcome is not RunOutcome.ABANDONED:
+        if outcome not in _GOES_ON:
             self.runs_finished[key] = self.runs_finished.get(key, 0) + 1
 
     def step_started(

@@ -111,16 +111,46 @@ SET status = 'waiting', owner = NULL, lease_expires_at = NULL, wake_on = %(wake_
         WHERE run_id = %(run_id)s AND consumed_by IS NULL
           AND key = ANY(%(wake_on_keys)s))
         THEN %(now)s ELSE %(wake_at)s END,
-    updated_at = %(now)s
+    updated_at = %(now)s, failures = 0, error = NULL
 WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s;
 
 -- name: finish_run
 UPDATE tether_runs
 SET status = %(status)s, result = %(result)s, error = %(error)s, owner = NULL,
     lease_expires_at = NULL, wake_at = NULL, wake_on = NULL, cancel_requested = FALSE,
-    finished_at = %(now)s, updated_at = %(now)s
+    finished_at = %(now)s, updated_at = %(now)s,
+    failures = coalesce(%(failures)s::integer, failures)
 WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s
 RETURNING parent_id;
+
+-- name: fail_execution
+-- An execution failed outside the workflow's code: the run waits until retry_at.
+UPDATE tether_runs
+SET status = 'waiting', error = %(error)s, failures = %(failures)s, owner = NULL,
+    lease_expires_at = NULL, wake_at = %(retry_at)s, wake_on = NULL, updated_at = %(now)s
+WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s;
+
+-- name: live_workflows
+-- What the workers that heartbeated since `since` serve (NULL: an older worker, unknown).
+SELECT workflows FROM tether_workers WHERE heartbeat_at >= %(since)s;
+
+-- name: unserved_runs
+-- Runs claimable since before `since` whose workflow is not among `served`; rows a claim
+-- holds are skipped (that claim decides them).
+SELECT id, workflow, parent_id FROM tether_runs
+WHERE ((status = 'pending' AND coalesce(wake_at, updated_at) < %(since)s)
+    OR (status = 'waiting' AND wake_at < %(since)s)
+    OR (status = 'running' AND lease_expires_at < %(since)s))
+  AND NOT (workflow = ANY(%(served)s))
+ORDER BY id
+FOR UPDATE SKIP LOCKED;
+
+-- name: bury_run
+-- A run nobody holds ends dead (see unserved_runs).
+UPDATE tether_runs
+SET status = 'dead', error = %(error)s, owner = NULL, lease_expires_at = NULL, wake_at = NULL,
+    wake_on = NULL, cancel_requested = FALSE, finished_at = %(now)s, updated_at = %(now)s
+WHERE id = %(id)s;
 
 -- name: extend_lease
 UPDATE tether_runs SET lease_expires_at = %(lease_until)s
@@ -141,19 +171,20 @@ WHERE id = %(id)s AND status = 'running';
 
 -- name: children
 SELECT id FROM tether_runs
-WHERE parent_id = %(id)s AND status NOT IN ('succeeded', 'failed', 'cancelled');
+WHERE parent_id = %(id)s AND status NOT IN ('succeeded', 'failed', 'cancelled', 'dead');
 
 -- name: upsert_worker
-INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at)
-VALUES (%(id)s, %(host)s, %(pid)s, %(pid_token)s, %(now)s, %(now)s)
+INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at, workflows)
+VALUES (%(id)s, %(host)s, %(pid)s, %(pid_token)s, %(now)s, %(now)s, %(workflows)s)
 ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
-    pid_token = excluded.pid_token, heartbeat_at = excluded.heartbeat_at;
+    pid_token = excluded.pid_token, heartbeat_at = excluded.heartbeat_at,
+    workflows = excluded.workflows;
 
 -- name: touch_worker
 UPDATE tether_workers SET heartbeat_at = %(now)s WHERE id = %(id)s;
 
 -- name: list_workers
-SELECT id, host, pid, pid_token, started_at, heartbeat_at FROM tether_workers
+SELECT id, host, pid, pid_token, started_at, heartbeat_at, workflows FROM tether_workers
 WHERE (%(host)s::text IS NULL OR host = %(host)s) ORDER BY id;
 
 -- name: release_worker_runs
@@ -165,6 +196,12 @@ RETURNING id;
 
 -- name: delete_worker
 DELETE FROM tether_workers WHERE id = %(id)s;
+
+-- name: lock_run
+-- Taken before an event is delivered to the run and before the run suspends, so the two are
+-- serialized: one that suspends sees an event delivered just before (its UPDATE, a later
+-- statement, has a later snapshot), and a delivery just after sees the run waiting.
+SELECT 1 FROM tether_runs WHERE id = %(run_id)s FOR UPDATE;
 
 -- name: insert_event
 INSERT INTO tether_events (run_id, key, payload, created_at)
@@ -304,5 +341,5 @@ WHERE run_id = %(id)s AND status = 'failed';
 UPDATE tether_runs
 SET status = 'pending', result = NULL, error = NULL, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, wake_on = NULL, cancel_requested = FALSE, finished_at = NULL,
-    updated_at = %(now)s
-WHERE id = %(id)s AND status = 'failed';
+    updated_at = %(now)s, failures = 0
+WHERE id = %(id)s AND status IN ('failed', 'dead');

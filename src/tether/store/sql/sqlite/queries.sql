@@ -104,15 +104,43 @@ SET status = 'waiting', owner = NULL, lease_expires_at = NULL, wake_on = :wake_o
         WHERE run_id = :run_id AND consumed_by IS NULL
           AND key IN (SELECT value FROM json_each(:wake_on)))
         THEN :now ELSE :wake_at END,
-    updated_at = :now
+    updated_at = :now, failures = 0, error = NULL
 WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
 
 -- name: finish_run
 UPDATE tether_runs
 SET status = :status, result = :result, error = :error, owner = NULL, lease_expires_at = NULL,
-    wake_at = NULL, wake_on = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now
+    wake_at = NULL, wake_on = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now,
+    failures = coalesce(:failures, failures)
 WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch
 RETURNING parent_id;
+
+-- name: fail_execution
+-- An execution failed outside the workflow's code: the run waits until :retry_at.
+UPDATE tether_runs
+SET status = 'waiting', error = :error, failures = :failures, owner = NULL,
+    lease_expires_at = NULL, wake_at = :retry_at, wake_on = NULL, updated_at = :now
+WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
+
+-- name: live_workflows
+-- What the workers that heartbeated since :since serve (NULL: an older worker, unknown).
+SELECT workflows FROM tether_workers WHERE heartbeat_at >= :since;
+
+-- name: unserved_runs
+-- Runs claimable since before :since whose workflow is not among :served.
+SELECT id, workflow, parent_id FROM tether_runs
+WHERE ((status = 'pending' AND coalesce(wake_at, updated_at) < :since)
+    OR (status = 'waiting' AND wake_at < :since)
+    OR (status = 'running' AND lease_expires_at < :since))
+  AND workflow NOT IN (SELECT value FROM json_each(:served))
+ORDER BY id;
+
+-- name: bury_run
+-- A run nobody holds ends dead (see unserved_runs).
+UPDATE tether_runs
+SET status = 'dead', error = :error, owner = NULL, lease_expires_at = NULL, wake_at = NULL,
+    wake_on = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now
+WHERE id = :id;
 
 -- name: extend_lease
 UPDATE tether_runs SET lease_expires_at = :lease_until
@@ -130,16 +158,17 @@ UPDATE tether_runs SET cancel_requested = 1, updated_at = :now
 WHERE id = :id AND status = 'running';
 
 -- name: upsert_worker
-INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at)
-VALUES (:id, :host, :pid, :pid_token, :now, :now)
+INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at, workflows)
+VALUES (:id, :host, :pid, :pid_token, :now, :now, :workflows)
 ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
-    pid_token = excluded.pid_token, heartbeat_at = excluded.heartbeat_at;
+    pid_token = excluded.pid_token, heartbeat_at = excluded.heartbeat_at,
+    workflows = excluded.workflows;
 
 -- name: touch_worker
 UPDATE tether_workers SET heartbeat_at = :now WHERE id = :id;
 
 -- name: list_workers
-SELECT id, host, pid, pid_token, started_at, heartbeat_at FROM tether_workers
+SELECT id, host, pid, pid_token, started_at, heartbeat_at, workflows FROM tether_workers
 WHERE (:host IS NULL OR host = :host) ORDER BY id;
 
 -- name: release_worker_runs
@@ -153,7 +182,7 @@ DELETE FROM tether_workers WHERE id = :id;
 
 -- name: children
 SELECT id FROM tether_runs
-WHERE parent_id = :id AND status NOT IN ('succeeded', 'failed', 'cancelled');
+WHERE parent_id = :id AND status NOT IN ('succeeded', 'failed', 'cancelled', 'dead');
 
 -- name: insert_event
 INSERT INTO tether_events (run_id, key, payload, created_at)
@@ -277,5 +306,6 @@ WHERE run_id = :id AND status = 'failed';
 -- name: resume_run
 UPDATE tether_runs
 SET status = 'pending', result = NULL, error = NULL, owner = NULL, lease_expires_at = NULL,
-    wake_at = NULL, wake_on = NULL, cancel_requested = 0, finished_at = NULL, updated_at = :now
-WHERE id = :id AND status = 'failed';
+    wake_at = NULL, wake_on = NULL, cancel_requested = 0, finished_at = NULL, updated_at = :now,
+    failures = 0
+WHERE id = :id AND status IN ('failed', 'dead');
