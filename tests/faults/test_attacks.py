@@ -1062,8 +1062,6 @@ async def test_audit_rows_edited_in_the_database_are_detected(
 # -- known weaknesses outside the server (strict xfail: they fail once fixed) ----------------------
 
 
-@pytest.mark.xfail(strict=True, reason="tether/cli/runs.py prints a run's result and error "
-                   "unredacted (`runs show`, with and without --json)")  # fmt: skip
 async def test_the_cli_shows_a_runs_result_and_error_redacted(app: tether.App) -> None:
     @app.workflow()
     async def returns_secrets() -> dict[str, Any]:

@@ -25,6 +25,7 @@ from tether.cli.common import (
     status_text,
 )
 from tether.core.handle import RunInfo
+from tether.redact import redact
 from tether.store.base import Checkpoint, RunStatus
 from tether.views import checkpoint_json, run_json
 
@@ -108,9 +109,12 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
         return info, await handle.checkpoints(), result, encoded
 
     info, checkpoints, result, encoded = run_with_app(ctx, work)
+    # What a person reads passes the redactor, like the inbox and the API.
+    shown_result, shown_error = redact(encoded), redact(info.error)
     if as_json:
         steps_json = [checkpoint_json(c) for c in checkpoints]
-        doc = {**run_json(info), "result": encoded, "error": info.error, "checkpoints": steps_json}
+        doc = {**run_json(info), "result": shown_result, "error": shown_error,
+               "checkpoints": steps_json}  # fmt: skip
         click.echo(json.dumps(doc, indent=2))
         return
     out = console()
@@ -129,17 +133,19 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
                       ms, first_line(row["error"]))  # fmt: skip
     out.print(steps if checkpoints else Text("no steps recorded", style="dim"))
     if info.status is RunStatus.SUCCEEDED:
-        out.print(Text("result", style="bold"), Pretty(result))
+        # The decoded value (its type shows) unless the redactor had something to hide.
+        out.print(Text("result", style="bold"),
+                  Pretty(result if shown_result == encoded else shown_result))  # fmt: skip
         return
     if info.status is RunStatus.DEAD:
         out.print(Text("dead-lettered ", style="bold red") + Text(dead_reason(info)))
     elif info.failures and info.error:  # not dead yet: the last failed execution
         out.print(Text(f"failed executions in a row: {info.failures} ", style="bold yellow")
                   + Text("(tried again after a backoff)"))  # fmt: skip
-    if info.error:
-        out.print(Text("error ", style="bold red") + Text(first_line(info.error)))
-        if info.error.get("traceback"):
-            out.print(Text(str(info.error["traceback"]).rstrip(), style="dim"))
+    if isinstance(shown_error, dict):
+        out.print(Text("error ", style="bold red") + Text(first_line(shown_error)))
+        if shown_error.get("traceback"):
+            out.print(Text(str(shown_error["traceback"]).rstrip(), style="dim"))
 
 
 @runs.command("cancel")
