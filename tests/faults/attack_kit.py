@@ -14,16 +14,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import socket
 import sqlite3
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 from starlette.types import ASGIApp, Message
 from tests.faults import figures
 from tests.server.kit import build_app
@@ -307,37 +305,6 @@ def sse_events(text: str) -> list[dict[str, str]]:
         if fields:
             found.append(fields)
     return found
-
-
-@dataclass(frozen=True)
-class Served:
-    url: str
-    server: uvicorn.Server
-
-
-@contextlib.asynccontextmanager
-async def serving(asgi: ASGIApp) -> AsyncIterator[Served]:
-    """`asgi` served by uvicorn on 127.0.0.1 at a free port, in this event loop."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(asgi, log_config=None, log_level="warning", ws="none",
-                            lifespan="on", timeout_graceful_shutdown=2)  # fmt: skip
-    served = uvicorn.Server(config)
-    task = asyncio.create_task(served.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(10):
-            while not served.started:
-                if task.done():
-                    task.result()
-                await asyncio.sleep(0.01)
-        yield Served(f"http://127.0.0.1:{port}", served)
-    finally:
-        served.should_exit = True
-        async with asyncio.timeout(10):
-            await task
-        sock.close()
 
 
 def log_text(records: list[logging.LogRecord]) -> str:

@@ -51,7 +51,6 @@ from tests.faults.attack_kit import (
     live_markup,
     log_text,
     raw_request,
-    serving,
     snapshot,
     sse_events,
     tamper,
@@ -59,7 +58,7 @@ from tests.faults.attack_kit import (
     weakness,
 )
 from tests.postgres_server import with_schema
-from tests.server.kit import ORIGIN, SECRET, Person, sign_in, start_approval
+from tests.server.kit import ORIGIN, SECRET, Person, serving, sign_in, start_approval
 
 import tether
 from tether.approvals.flow import approval_id as derive_approval_id

@@ -16,16 +16,13 @@
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI
-from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, build_app
+from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, build_app, serving
 
 import tether
 from tether.server import create_server
@@ -80,23 +77,5 @@ async def client(server: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 @pytest.fixture
 async def live_server(server: FastAPI) -> AsyncIterator[LiveServer]:
     """`server` on 127.0.0.1 at a free port, served by uvicorn in this event loop."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(server, log_config=None, log_level="warning", ws="none",
-                            lifespan="on", timeout_graceful_shutdown=2)  # fmt: skip
-    served = uvicorn.Server(config)
-    task = asyncio.create_task(served.serve(sockets=[sock]))
-    try:
-        async with asyncio.timeout(10):
-            while not served.started:
-                if task.done():
-                    task.result()  # raises why it could not start
-                await asyncio.sleep(0.01)
-        yield LiveServer(f"http://127.0.0.1:{port}", served)
-    finally:
-        served.should_exit = True
-        async with asyncio.timeout(10):
-            await task
-        sock.close()
+    async with serving(server) as live:
+        yield live

@@ -8,12 +8,16 @@ and wait for its pending approval), sign_in (open an inbox session through the f
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import socket
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
 import httpx
 import uvicorn
+from starlette.types import ASGIApp
 
 import tether
 from tether.users import User
@@ -107,3 +111,28 @@ async def sign_in(client: httpx.AsyncClient, person: Person) -> httpx.Response:
 class LiveServer:
     url: str
     uvicorn: uvicorn.Server
+
+
+@contextlib.asynccontextmanager
+async def serving(asgi: ASGIApp) -> AsyncIterator[LiveServer]:
+    """`asgi` served by uvicorn on 127.0.0.1 at a free port, in this event loop."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(asgi, log_config=None, log_level="warning", ws="none",
+                            lifespan="on", timeout_graceful_shutdown=2)  # fmt: skip
+    served = uvicorn.Server(config)
+    task = asyncio.create_task(served.serve(sockets=[sock]))
+    try:
+        async with asyncio.timeout(10):
+            while not served.started:
+                if task.done():
+                    task.result()  # raises why it could not start
+                await asyncio.sleep(0.01)
+        yield LiveServer(f"http://127.0.0.1:{port}", served)
+    finally:
+        served.should_exit = True
+        async with asyncio.timeout(10):
+            await task
+        sock.close()
