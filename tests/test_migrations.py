@@ -19,8 +19,9 @@ from tether.store.sqlite import SqliteStore
 EXPECTED_SQLITE_TABLES = {
     "tether_migrations", "tether_runs", "tether_checkpoints", "tether_workers", "tether_events",
     "tether_approvals", "tether_approval_audit", "tether_stream_entries",
+    "tether_outbox", "tether_schedules", "tether_values", "tether_forks",
 }  # fmt: skip
-SQLITE_VERSIONS = [1, 2, 3, 4, 5, 6, 7]
+SQLITE_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
 
 
 async def test_a_database_made_by_the_first_migration_upgrades_and_keeps_its_runs(

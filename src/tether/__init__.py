@@ -88,9 +88,12 @@ from tether.errors import (
     WaitTimeout,
     WorkflowTimeout,
 )
+from tether.outbox import Sender, outbox
+from tether.retention import Retention
 from tether.store.base import Checkpoint, CheckpointStatus, RunStatus
 from tether.streams import StreamReset, stream
 from tether.sync import SyncApp, SyncRunHandle
+from tether.values import set_value
 
 __version__ = "0.1.0"
 
@@ -101,6 +104,10 @@ def now() -> datetime:
 
 
 __all__ = [
+    "Retention",
+    "Sender",
+    "outbox",
+    "set_value",
     "models",
     "Tool",
     "MaxTurnsExceeded",

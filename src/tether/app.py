@@ -8,7 +8,7 @@ and the handles. It holds no execution logic and imports no backend directly.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
@@ -30,10 +30,15 @@ from tether.core.waits import check_key
 from tether.core.worker import Worker
 from tether.core.workflow import Workflow
 from tether.errors import ConfigurationError, EventRefused, RunNotFound
+from tether.forks import ForkMixin
+from tether.outbox import OutboxMixin, Sender
+from tether.retention import Retention, RetentionMixin
+from tether.schedules import ScheduleMixin
 from tether.serde import DEFAULT_MAX_PAYLOAD, Serde
 from tether.store import default_url, store_from_url
 from tether.store.base import QueueLimits, RunStatus, Store
 from tether.streams import check_stream_key
+from tether.values import ValuesMixin
 
 if TYPE_CHECKING:
     from tether.sync import SyncApp
@@ -84,7 +89,7 @@ class _StepDecorator:
         return self._register(fn)
 
 
-class App:
+class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
     """A Tether application on one database: `App()` uses ./tether.db or $TETHER_DATABASE_URL."""
 
     def __init__(
@@ -100,6 +105,8 @@ class App:
         force_replay: bool | None = None,
         notifiers: Sequence[Notifier] = (),
         telemetry: bool | None = None,
+        senders: Mapping[str, Sender] | None = None,
+        retention: Retention | None = None,
     ) -> None:
         if lease_duration <= timedelta(0) or concurrency < 1 or max_executions < 1:
             raise ConfigurationError(
@@ -132,6 +139,8 @@ class App:
             from tether.telemetry.spans import enable
 
             enable(self.engine, required=telemetry is not None)
+        self._init_outbox(senders)
+        self._init_retention(retention)
         self._opened = False
 
     def __repr__(self) -> str:

@@ -7,6 +7,7 @@ worker and the step machinery receive it. It never imports a backend.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +71,10 @@ class Engine:
     # Futures of this process's stream readers waiting at the end of a stream, by (run, key):
     # resolved when something is appended here, or when the run stops executing here.
     stream_waiters: dict[tuple[str, str], set[asyncio.Future[None]]] = field(default_factory=dict)
+
+    # Background loops a worker runs beside its claims while it runs (the outbox's delivery,
+    # schedules, retention): each is called with the worker and loops until cancelled.
+    services: dict[str, Callable[[Worker], Awaitable[None]]] = field(default_factory=dict)
 
     def observe(self, observer: Observer) -> None:
         """Tell `observer` of every run execution and step attempt from now on (after the

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import Awaitable, Callable
 
 from tether.core.engine import Engine
 from tether.core.lease import process_alive, this_worker
@@ -55,6 +56,8 @@ class Worker:
             asyncio.create_task(self._claim_loop(), name="tether-claim"),
             asyncio.create_task(self._heartbeat_loop(), name="tether-heartbeat"),
         ]
+        for name, service in self.engine.services.items():
+            self._tasks.append(asyncio.create_task(self._service(name, service), name=name))
 
     async def stop(self) -> None:
         """Stop executing: in-flight runs are interrupted and released for the next worker."""
@@ -70,6 +73,17 @@ class Worker:
         self._tasks = []
         with contextlib.suppress(Exception):
             await self.engine.store.release_worker(self.id, self.engine.clock.now())
+
+    async def _service(self, name: str, service: Callable[[Worker], Awaitable[None]]) -> None:
+        """Run a background service until the worker stops; one that fails is restarted after
+        settings.poll_interval, so a database outage does not end it for good."""
+        while not self._stopped:
+            try:
+                await service(self)
+                return
+            except Exception:
+                log.exception("service %s failed; restarting it", name)
+                await asyncio.sleep(self.engine.settings.poll_interval)
 
     def notify(self) -> None:
         """Look for work now (a run was created or released somewhere in this process)."""

@@ -240,6 +240,14 @@ def stream_lease_lost(lease: Lease, key: str) -> LeaseLost:
 class Store(Protocol):
     """A database that Tether can run on. One method, one transaction."""
 
+    # -- transactions and the outbox (see outbox_rows) ----------------------------------------
+
+    # -- schedules (see schedule_rows) ----------------------------------------------------------
+
+    # -- values and forks (see value_rows) ------------------------------------------------------
+
+    # -- retention and sizes (see retention_rows) -----------------------------------------------
+
     url: str
 
     async def open(self) -> None:

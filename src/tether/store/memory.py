@@ -43,11 +43,15 @@ from tether.store.base import (
     queue_budget,
     store_stats,
 )
+from tether.store.memory_outbox import MemoryOutbox
+from tether.store.memory_retention import MemoryRetention
+from tether.store.memory_schedules import MemorySchedules
 from tether.store.memory_streams import MemoryStreams
+from tether.store.memory_values import MemoryValues
 from tether.store.user_rows import UserRecord
 
 
-class MemoryStore(MemoryStreams):
+class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, MemoryRetention):
     """An in-memory Store. Each method runs whole under one lock and never awaits inside."""
 
     url: str = "memory://"
@@ -64,6 +68,11 @@ class MemoryStore(MemoryStreams):
         self._users: dict[str, UserRecord] = {}
         self._streams = {}
         self._stream_refs = {}
+        # Each concept's mixin keeps its own state (set up in its own _init_* method).
+        self._init_outbox()
+        self._init_schedules()
+        self._init_values()
+        self._init_retention()
 
     async def open(self) -> None:
         """Nothing to connect to."""

@@ -45,8 +45,12 @@ from tether.store.base import (
     store_stats,
 )
 from tether.store.postgres_approvals import PostgresApprovals, close_approvals
+from tether.store.postgres_outbox import PostgresOutbox
+from tether.store.postgres_retention import PostgresRetention
+from tether.store.postgres_schedules import PostgresSchedules
 from tether.store.postgres_streams import PostgresStreams
 from tether.store.postgres_users import PostgresUsers
+from tether.store.postgres_values import PostgresValues
 from tether.store.rows import (
     checkpoint_from_row,
     load_sql,
@@ -96,7 +100,15 @@ async def _deliver_event(conn: Conn, run_id: str, key: str, payload: str, now: f
     await conn.execute(f"NOTIFY {CHANNEL}")
 
 
-class PostgresStore(PostgresUsers, PostgresStreams, PostgresApprovals):
+class PostgresStore(
+    PostgresUsers,
+    PostgresStreams,
+    PostgresApprovals,
+    PostgresOutbox,
+    PostgresSchedules,
+    PostgresValues,
+    PostgresRetention,
+):
     """Store on a PostgreSQL database; many workers on many machines may share it."""
 
     def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:

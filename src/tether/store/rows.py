@@ -34,13 +34,18 @@ def load_sql(dialect: str) -> tuple[dict[str, str], list[tuple[int, str]]]:
     """(named queries, [(version, migration script)] in order) of sql/<dialect>/."""
     folder = resources.files("tether.store") / "sql" / dialect
     queries: dict[str, str] = {}
-    name = None
-    for line in (folder / "queries.sql").read_text().splitlines():
-        if line.startswith("-- name:"):
-            name = line.split(":", 1)[1].strip()
-            queries[name] = ""
-        elif name is not None and not line.startswith("--"):
-            queries[name] += line + "\n"
+    # queries.sql, and one file of queries per concept added since (outbox.sql, ...).
+    files = [f for f in folder.iterdir() if f.name.endswith(".sql") and not f.name[:4].isdigit()]
+    for file in sorted(files, key=lambda f: f.name):
+        name = None
+        for line in file.read_text().splitlines():
+            if line.startswith("-- name:"):
+                name = line.split(":", 1)[1].strip()
+                if name in queries:
+                    raise ValueError(f"two queries are named {name!r} in sql/{dialect}/")
+                queries[name] = ""
+            elif name is not None and not line.startswith("--"):
+                queries[name] += line + "\n"
     columns = {"run_columns": RUN_COLUMNS, "approval_columns": APPROVAL_COLUMNS,
                "audit_columns": AUDIT_COLUMNS}  # fmt: skip
     queries = {k: v.strip().format(**columns) for k, v in queries.items()}

@@ -54,8 +54,12 @@ from tether.store.rows import (
     worker_workflows,
 )
 from tether.store.sqlite_commit import CommitQueue, parse_sqlite_url
+from tether.store.sqlite_outbox import SqliteOutbox
+from tether.store.sqlite_retention import SqliteRetention
+from tether.store.sqlite_schedules import SqliteSchedules
 from tether.store.sqlite_streams import SqliteStreams
 from tether.store.sqlite_users import SqliteUsers
+from tether.store.sqlite_values import SqliteValues
 
 _Q, _MIGRATIONS = load_sql("sqlite")
 _UPSERT_CHECKPOINT = _Q["upsert_checkpoint"]
@@ -72,7 +76,9 @@ def _lease_lost(conn: sqlite3.Connection, lease: Lease) -> LeaseLost:
     )
 
 
-class SqliteStore(SqliteUsers, SqliteStreams):
+class SqliteStore(
+    SqliteUsers, SqliteStreams, SqliteOutbox, SqliteSchedules, SqliteValues, SqliteRetention
+):
     """Store on one SQLite file; several processes may share the file."""
 
     def __init__(self, url: str, *, busy_timeout: float = 30.0) -> None:
