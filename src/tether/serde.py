@@ -8,12 +8,9 @@ stored data names. Special builtin types travel as one-key ``$``-tagged objects;
 from __future__ import annotations
 
 import base64
-import builtins
 import dataclasses
 import json
 import re
-import sys
-import traceback
 import types
 import typing
 from collections import abc
@@ -25,7 +22,10 @@ from itertools import islice, repeat
 from typing import Any, Literal, Union, get_args, get_origin
 from uuid import UUID
 
-from tether.errors import PayloadTooLarge, SerializationError, StepFailed
+from tether.errors import PayloadTooLarge, SerializationError
+
+# Errors travel as JSON too; the engine imports both halves from here.
+from tether.serde_errors import encode_error, rebuild_error
 
 DEFAULT_MAX_PAYLOAD = 10 * 1024 * 1024  # bytes of encoded UTF-8 JSON
 
@@ -590,58 +590,6 @@ def _too_large(what: str, size: str, limit: int) -> PayloadTooLarge:
         "data elsewhere (a file, object storage, a table) and pass a reference (a path, URL or "
         "id) instead"
     )
-
-
-def encode_error(exc: BaseException) -> dict[str, str]:
-    """The stored form of an error: its type name, message and formatted traceback."""
-    cls = type(exc)
-    name = cls.__qualname__
-    if cls.__module__ != "builtins":
-        name = f"{cls.__module__}.{name}"
-    try:
-        message = str(exc)
-    except Exception:
-        message = f"<{name} with an unprintable message>"
-    return {"type": name, "message": message, "traceback": "".join(traceback.format_exception(exc))}
-
-
-def _lookup(name: str) -> object:
-    parts = name.split(".")
-    if len(parts) == 1:
-        return vars(builtins).get(name)
-    for i in range(len(parts) - 1, 0, -1):
-        obj: object = sys.modules.get(".".join(parts[:i]))
-        if obj is not None:
-            for attr in parts[i:]:
-                try:  # vars(), not getattr(): a module __getattr__ (PEP 562) may import lazily
-                    obj = vars(obj).get(attr)
-                except TypeError:
-                    return None
-            return obj
-    return None
-
-
-def rebuild_error(error: dict[str, str]) -> Exception:
-    """The recorded error, to raise on replay; StepFailed when its class is not loaded.
-
-    The class is only looked up in builtins and already imported modules, and made with
-    __new__, so stored data can neither import a module nor run an __init__.
-    """
-    name, message = error.get("type", ""), error.get("message", "")
-    exc: Exception | None = None
-    cls = _lookup(name)
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            exc = cls.__new__(cls)
-            exc.args = (message,)
-            str(exc)  # a __str__ that needs attributes set by __init__ would fail on every print
-        except Exception:
-            exc = None
-    if exc is None:
-        exc = StepFailed(f"{name or 'unknown error'}: {message}", error_type=name)
-    if tb := error.get("traceback"):
-        exc.add_note("recorded traceback:\n" + tb)
-    return exc
 
 
 __all__ = ["DEFAULT_MAX_PAYLOAD", "Serde", "canonical", "encode_error", "rebuild_error"]
