@@ -3,6 +3,7 @@
 +3 days (tether.testing.FakeClock): every timer that fell due fires exactly once (the step after
 it runs once), timers not yet due do not fire, an approval whose expiry passed ends `expired`
 and not approved (a late decision is refused), one whose expiry did not pass stays pending.
++2 hours while a step runs: the worker claims its own run again and keeps its one execution.
 
 -1 hour (a clock of this module that also moves back, as a system clock stepped by NTP does):
 no timer fires twice and none early, no completed step runs again, and no lease is extended
@@ -296,3 +297,53 @@ async def test_an_hour_back_during_a_held_lease_neither_extends_nor_shortens_it_
     assert run.epoch == epoch
     figures.record("clock -1 hour: steps run twice (must be 0)", bodies["hold"] - 1)
     assert bodies == Counter({"hold": 1})
+
+
+async def test_hours_forward_during_a_step_keep_one_execution_of_it(tmp_path: Path) -> None:
+    """The clock jumps past the lease while a step runs: the worker's own claim loop sees the
+    lease expired and claims the run again. It must go on with the execution it has (under the
+    new epoch), not start a second one beside it that would run the step's body again."""
+    clock = SteppedClock(T0)
+    app = fast(tether.App(f"sqlite:///{tmp_path / 'tether.db'}", clock=clock,
+                          lease_duration=timedelta(seconds=30)))  # fmt: skip
+    entered, release = asyncio.Event(), asyncio.Event()
+    bodies: Counter[str] = Counter()
+
+    @app.step()
+    async def hold() -> str:
+        bodies["hold"] += 1
+        entered.set()
+        await release.wait()
+        return "held"
+
+    @app.step()
+    async def after() -> str:
+        bodies["after"] += 1
+        return "after"
+
+    @app.workflow()
+    async def holder() -> list[str]:
+        return [await hold(), await after()]
+
+    store = app.engine.store
+    async with app:
+        handle = await app.start(holder, id="holder")
+        await asyncio.wait_for(entered.wait(), 10)
+        first = await store.get_run("holder")
+        assert first is not None
+
+        clock.jump(timedelta(hours=2))
+
+        async def claimed_again() -> bool:
+            run = await store.get_run("holder")
+            return run is not None and run.epoch > first.epoch
+
+        await until(claimed_again)  # the claim loop looks every 20 ms; heartbeats every 10 s
+        release.set()
+        assert await handle.result(timeout=10) == ["held", "after"]
+        run = await store.get_run("holder")
+    assert run is not None
+    assert run.owner is None
+    assert run.status is tether.RunStatus.SUCCEEDED
+    figures.record("clock +2 hours mid-step: steps run twice (must be 0)", bodies["hold"] - 1)
+    assert bodies == Counter({"hold": 1, "after": 1})

@@ -65,12 +65,21 @@ class Runner:
         self.outcome = RunOutcome.ABANDONED  # how this execution stopped, for the observer
         self.failure: BaseException | None = None  # what failed the run, if it failed
         self.progressed = False  # this execution wrote a checkpoint
+        self.ctx: RunContext | None = None  # the workflow's context while it executes
 
     def request_cancel(self) -> None:
         """End the run as cancelled: the workflow (and the step it awaits) sees CancelledError."""
         self.cancel_requested = True
         if self._in_workflow and self.task is not None:
             self.task.cancel()
+
+    def adopt(self, lease: Lease) -> None:
+        """Go on executing under `lease`: this worker claimed its own run again, because the
+        lease looked expired (its clock jumped past it, or heartbeats were late). The run keeps
+        this one execution, its writes fenced by the new epoch, instead of a second beside it."""
+        self.lease = lease
+        if self.ctx is not None:
+            self.ctx.lease = lease
 
     def stop(self) -> None:
         """Stop executing without ending the run (worker shutdown, lost lease)."""
@@ -122,7 +131,7 @@ class Runner:
                 await self._finish(RunStatus.CANCELLED, None, CANCELLED_ERROR)
                 return
             assert history is not None
-            ctx = RunContext(
+            ctx = self.ctx = RunContext(
                 engine, record.id, workflow.name, self.lease, {c.seq: c for c in history}
             )
             # The workflow runs in this task (no task of its own: one less loop turn per run);

@@ -107,6 +107,15 @@ class Worker:
     def launch(self, record: RunRecord, history: list[Checkpoint] | None = None) -> None:
         """Execute a run this worker has just claimed (epoch in the record)."""
         lease = Lease(record.id, self.id, record.epoch)
+        running = self.runners.get(record.id)
+        if (
+            running is not None
+            and not running.stopping
+            and running.task
+            and not running.task.done()
+        ):
+            running.adopt(lease)
+            return
         runner = Runner(self.engine, record, lease, history)
         self.runners[record.id] = runner
         runner.task = asyncio.create_task(runner.run(), name=f"tether-run-{record.id}")
