@@ -715,13 +715,17 @@ async def test_a_worker_that_lost_its_lease_stops_and_the_new_owner_finishes(
     async with first:
         await first.start("flow", id="fenced")
         await asyncio.wait_for(entered.wait(), 10)
-        # Another worker takes the run over (as after an expired lease): epoch goes up.
+        # Another worker takes the run over (as after an expired lease): epoch goes up. Then
+        # it is released again, for whichever worker claims it next (the first one too).
         store = second.engine.store
         await second.open()
         run = await store.get_run("fenced")
         assert run is not None
         assert run.owner is not None
-        await store.release_worker(run.owner, 0.0)
+        now = first.engine.clock.now()
+        [taken] = await store.claim_runs("thief", ["flow"], now + 3600, now + 3601, 1)
+        assert taken.epoch == run.epoch + 1
+        await store.release_worker("thief", 0.0)
         async with second:
             assert await (await second.get("fenced")).result(timeout=10) == "done"
             release.set()  # now the old owner's step finishes and tries to record

@@ -108,11 +108,15 @@ class Worker:
         """Execute a run this worker has just claimed (epoch in the record)."""
         lease = Lease(record.id, self.id, record.epoch)
         running = self.runners.get(record.id)
+        # Our own live execution, claimed again with nobody else's claim in between (the epoch
+        # is the next one): its history in memory is still the run's, so it goes on. After
+        # another owner's epoch it may not be: a new execution replays, the old one is fenced.
         if (
             running is not None
             and not running.stopping
             and running.task
             and not running.task.done()
+            and record.epoch == running.lease.epoch + 1
         ):
             running.adopt(lease)
             return
