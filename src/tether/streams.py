@@ -22,13 +22,8 @@ from dataclasses import dataclass
 from tether.core.context import MISSING, RunContext, StepContext, current_scope
 from tether.core.engine import Engine
 from tether.errors import ConfigurationError, RunNotFound
-from tether.store.base import (
-    Checkpoint,
-    CheckpointStatus,
-    StreamAppend,
-    StreamEntry,
-    StreamKind,
-)
+from tether.store.base import Checkpoint, CheckpointStatus
+from tether.store.stream_rows import StreamAppend, StreamEntry, StreamKind
 
 BATCH = 256  # a step's buffered chunks are appended when this many wait...
 LINGER = 0.005  # ...or this many seconds after the first of them was written

@@ -32,7 +32,8 @@ import pytest
 
 import tether
 from tether.store.approval_rows import approval_key
-from tether.store.base import CheckpointStatus, RunStatus, StreamEntry, StreamKind, unretracted
+from tether.store.base import CheckpointStatus, RunStatus
+from tether.store.stream_rows import StreamEntry, StreamKind, unretracted
 
 from .agent_flows import (
     CHECKPOINTS,

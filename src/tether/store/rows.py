@@ -13,15 +13,8 @@ from importlib import resources
 from typing import Any
 
 from tether.store.approval_rows import APPROVAL_COLUMNS, AUDIT_COLUMNS, AuditEntry
-from tether.store.base import (
-    Checkpoint,
-    CheckpointStatus,
-    RunRecord,
-    RunStatus,
-    StreamEntry,
-    StreamKind,
-    WorkerInfo,
-)
+from tether.store.base import Checkpoint, CheckpointStatus, RunRecord, RunStatus, WorkerInfo
+from tether.store.stream_rows import StreamEntry, StreamKind
 
 RUN_COLUMNS = (
     "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"

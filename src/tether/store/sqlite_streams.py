@@ -12,14 +12,9 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tether.store.base import (
-    Lease,
-    StreamAppend,
-    StreamEntry,
-    stream_lease_lost,
-    unretracted,
-)
+from tether.store.base import Lease, stream_lease_lost
 from tether.store.rows import load_sql, stream_entry_from_row
+from tether.store.stream_rows import StreamAppend, StreamEntry, unretracted
 
 if TYPE_CHECKING:
     from tether.store.sqlite_commit import CommitQueue
