@@ -767,6 +767,32 @@ async def test_a_workflow_past_its_timeout_fails_with_workflow_timeout(make_app:
             await (await app.start(flow)).result(timeout=10)
 
 
+async def test_a_run_that_timed_out_resumes_with_its_timeout_counted_from_the_resume(
+    make_app: MakeApp,
+) -> None:
+    app = make_app()
+    pause = 10.0
+
+    @app.step()
+    async def slow() -> str:
+        await asyncio.sleep(pause)
+        return "done"
+
+    @app.workflow(timeout=timedelta(milliseconds=300))
+    async def flow() -> str:
+        return await slow()
+
+    async with app:
+        handle = await app.start(flow, id="timed-out")
+        with pytest.raises(tether.RunFailed, match="WorkflowTimeout"):
+            await handle.result(timeout=10)
+        pause = 0.0  # the fix: the step is fast now
+        resumed = await app.resume("timed-out")
+        info = await resumed.info()
+        assert await resumed.result(timeout=10) == "done"
+    assert info.status is tether.RunStatus.PENDING
+
+
 async def test_concurrent_steps_take_positions_in_call_order(make_app: MakeApp) -> None:
     app = make_app()
 

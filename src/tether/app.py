@@ -376,9 +376,22 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         """Give a failed or dead run another go once its cause is fixed: completed steps
         replay from their checkpoints, each step whose failure ended the run gets one more
         attempt under the current code, and a dead run's count of failed executions starts
-        over. Raises RunNotFound, and ConfigurationError unless the run failed or is dead."""
+        over. Its workflow's timeout counts again from now. Raises RunNotFound, ConfigurationError
+        unless the run failed or is dead, and DuplicateRun if an unfinished run of its queue
+        now holds its dedup key."""
         await self.open()
-        record = await self.engine.store.resume_run(run_id, self.engine.clock.now())
+        store, now = self.engine.store, self.engine.clock.now()
+        before = await store.get_run(run_id)
+        if before is None:
+            raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
+        wf = self.engine.workflows.get(before.workflow)
+        if wf is not None:
+            deadline = None if wf.timeout is None else now + wf.timeout.total_seconds()
+        elif before.deadline_at is None:
+            deadline = None
+        else:  # its code is not loaded here (`tether runs resume --database`): the same span
+            deadline = now + max(before.deadline_at - before.created_at, 0.0)
+        record = await store.resume_run(run_id, now, deadline)
         if record.status is not RunStatus.PENDING:
             raise ConfigurationError(
                 f"run {run_id!r} is {record.status.value}; only a failed or dead run can be resumed"

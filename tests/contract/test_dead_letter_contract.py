@@ -148,7 +148,7 @@ async def test_resume_run_makes_a_dead_run_pending_with_no_failures(store: Store
     lease = lease_of(await claim_one(store))
     await store.write_checkpoint(lease, checkpoint(0, "fetch"), NOW)
     await store.fail_execution(lease, ERROR, 5, None, NOW + 1)
-    resumed = await store.resume_run("r1", NOW + 5)
+    resumed = await store.resume_run("r1", NOW + 5, None)
     assert (resumed.status, resumed.error, resumed.failures) == (RunStatus.PENDING, None, 0)
     assert (resumed.finished_at, resumed.owner, resumed.updated_at) == (None, None, NOW + 5)
     assert await store.load_history("r1") == [checkpoint(0, "fetch")]  # completed: replays

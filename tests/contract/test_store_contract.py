@@ -777,8 +777,9 @@ async def test_resume_run_makes_a_failed_run_pending_and_its_failed_steps_due_ag
     await store.write_checkpoint(lease, checkpoint(0, "fetch"), NOW)
     await store.write_checkpoint(lease, failed, NOW)
     await store.finish_run(lease, RunStatus.FAILED, None, '{"type": "ValueError"}', NOW + 1)
-    resumed = await store.resume_run("r-resume", NOW + 5)
+    resumed = await store.resume_run("r-resume", NOW + 5, NOW + 65)
     assert (resumed.status, resumed.error, resumed.finished_at) == (RunStatus.PENDING, None, None)
+    assert resumed.deadline_at == NOW + 65  # the workflow's timeout counts from the resume
     assert resumed.owner is None
     [kept, due] = await store.load_history("r-resume")
     assert kept == checkpoint(0, "fetch")
@@ -793,7 +794,22 @@ async def test_resume_run_leaves_other_runs_as_they_are_and_refuses_unknown_ids(
     await store.create_run(new("r-ok"), NOW)
     lease = lease_of(await claim_one(store))
     await store.finish_run(lease, RunStatus.SUCCEEDED, "1", None, NOW + 1)
-    same = await store.resume_run("r-ok", NOW + 2)
+    same = await store.resume_run("r-ok", NOW + 2, None)
     assert (same.status, same.result) == (RunStatus.SUCCEEDED, "1")
     with pytest.raises(RunNotFound):
-        await store.resume_run("missing", NOW)
+        await store.resume_run("missing", NOW, None)
+
+
+async def test_resume_run_refuses_a_dedup_key_that_an_unfinished_run_now_holds(
+    store: Store,
+) -> None:
+    keyed = dataclasses.replace(new("r-first"), queue="q", dedup_key="k")
+    await store.create_run(keyed, NOW)
+    lease = lease_of(await claim_one(store))
+    await store.finish_run(lease, RunStatus.FAILED, None, '{"type": "ValueError"}', NOW + 1)
+    await store.create_run(dataclasses.replace(keyed, id="r-second"), NOW + 2)
+    with pytest.raises(DuplicateRun, match="r-second"):
+        await store.resume_run("r-first", NOW + 3, None)
+    still = await store.get_run("r-first")
+    assert still is not None
+    assert still.status is RunStatus.FAILED  # nothing changed

@@ -152,26 +152,33 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
                         not other.status.terminal
                     ):
                         raise duplicate_run(run.queue, run.dedup_key, other.id)
-            record = RunRecord(
-                id=run.id,
-                workflow=run.workflow,
-                args=run.args,
-                deadline_at=run.deadline_at,
-                parent_id=run.parent_id,
-                queue=run.queue,
-                priority=run.priority,
-                dedup_key=run.dedup_key,
-                started_by=run.started_by,
-                started_at=None if owner is None else now,
-                status=RunStatus.PENDING if owner is None else RunStatus.RUNNING,
-                owner=owner,
-                epoch=0 if owner is None else 1,
-                lease_expires_at=None if owner is None else lease_until,
-                created_at=now,
-                updated_at=now,
-            )
+            record = self._new_run(run, now, owner, lease_until)
             self._runs[run.id] = record
             return record, True
+
+    def _new_run(
+        self, run: NewRun, now: float, owner: str | None = None, lease_until: float | None = None
+    ) -> RunRecord:
+        """The record of a run as create_run makes it (waiting until run.wake_at, if given)."""
+        return RunRecord(
+            id=run.id,
+            workflow=run.workflow,
+            args=run.args,
+            deadline_at=run.deadline_at,
+            parent_id=run.parent_id,
+            queue=run.queue,
+            priority=run.priority,
+            dedup_key=run.dedup_key,
+            started_by=run.started_by,
+            started_at=None if owner is None else now,
+            status=_new_status(run, owner),
+            wake_at=None if owner is not None else run.wake_at,
+            owner=owner,
+            epoch=0 if owner is None else 1,
+            lease_expires_at=None if owner is None else lease_until,
+            created_at=now,
+            updated_at=now,
+        )
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         with self._lock:
@@ -283,20 +290,27 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
                     self._deliver(current.parent_id, child_key(current.id), outcome, now)
             return self._runs[run_id]
 
-    async def resume_run(self, run_id: str, now: float) -> RunRecord:
+    async def resume_run(self, run_id: str, now: float, deadline_at: float | None) -> RunRecord:
         with self._lock:
             run = self._runs.get(run_id)
             if run is None:
                 raise RunNotFound(f"no run has id {run_id!r}; check the id or list runs")
             if run.status not in (RunStatus.FAILED, RunStatus.DEAD):
                 return run
+            if run.dedup_key is not None:
+                for other in self._runs.values():
+                    if (other.queue, other.dedup_key) == (run.queue, run.dedup_key) and (
+                        not other.status.terminal
+                    ):
+                        raise duplicate_run(run.queue, run.dedup_key, other.id)
             history = self._history.get(run_id, {})
             for seq, cp in list(history.items()):
                 if cp.status is CheckpointStatus.FAILED:
                     history[seq] = replace(cp, status=CheckpointStatus.RETRYING, retry_at=now)
             resumed = replace(run, status=RunStatus.PENDING, result=None, error=None, owner=None,
                               lease_expires_at=None, wake_at=None, wake_on=(), failures=0,
-                              cancel_requested=False, finished_at=None, updated_at=now)  # fmt: skip
+                              cancel_requested=False, finished_at=None, updated_at=now,
+                              deadline_at=deadline_at)  # fmt: skip
             self._runs[run_id] = resumed
             return resumed
 
@@ -552,6 +566,12 @@ def _due_since(run: RunRecord) -> float | None:
     if run.status is RunStatus.RUNNING:
         return run.lease_expires_at
     return None
+
+
+def _new_status(run: NewRun, owner: str | None) -> RunStatus:
+    if owner is not None:
+        return RunStatus.RUNNING
+    return RunStatus.PENDING if run.wake_at is None else RunStatus.WAITING
 
 
 def _claimable(run: RunRecord, now: float) -> bool:

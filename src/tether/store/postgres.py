@@ -285,6 +285,7 @@ class PostgresStore(
             "parent_id": run.parent_id,
             "owner": owner,
             "status": (RunStatus.RUNNING if owner else RunStatus.PENDING).value,
+            "wake_at": None if owner else run.wake_at,  # app.start_at: waiting until then
             "epoch": 1 if owner else 0,
             "lease_expires_at": lease_until if owner else None,
             "queue": run.queue,
@@ -294,6 +295,8 @@ class PostgresStore(
             # A run created already claimed has started: rate limits count it.
             "started_at": now if owner else None,
         }
+        if args["wake_at"] is not None:
+            args["status"] = RunStatus.WAITING.value
 
         async def op(c: Conn) -> tuple[RunRecord, bool]:
             try:
@@ -472,11 +475,23 @@ class PostgresStore(
 
         return await self._tx(op, write=True, label="dead_letter_unserved")
 
-    async def resume_run(self, run_id: str, now: float) -> RunRecord:
-        args = {"id": run_id, "now": now}
+    async def resume_run(self, run_id: str, now: float, deadline_at: float | None) -> RunRecord:
+        args = {"id": run_id, "now": now, "deadline_at": deadline_at}
 
         async def op(c: Conn) -> RunRecord:
-            if (await c.execute(_Q["resume_run"], args)).rowcount == 1:
+            try:
+                async with c.transaction():  # a savepoint: the holder is looked up after
+                    resumed = (await c.execute(_Q["resume_run"], args)).rowcount == 1
+            except psycopg.errors.UniqueViolation:  # an unfinished run holds its dedup key
+                row = await (await c.execute(_Q["get_run"], args)).fetchone()
+                assert row is not None  # the update matched it
+                run = run_from_row(row)
+                where = {"queue": run.queue, "dedup_key": run.dedup_key}
+                holder = await (await c.execute(_Q["dedup_holder"], where)).fetchone()
+                raise duplicate_run(
+                    run.queue, run.dedup_key, holder[0] if holder else "?"
+                ) from None
+            if resumed:
                 await c.execute(_Q["resume_checkpoints"], args)
             row = await (await c.execute(_Q["get_run"], args)).fetchone()
             if row is None:

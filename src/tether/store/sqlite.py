@@ -160,6 +160,8 @@ class SqliteStore(
         lease_until: float | None = None,
     ) -> tuple[RunRecord, bool]:
         status = RunStatus.RUNNING if owner else RunStatus.PENDING
+        wake_at = None if owner else run.wake_at  # app.start_at: waiting until then
+        status = RunStatus.WAITING if wake_at is not None else status
         epoch = 1 if owner else 0
         lease = lease_until if owner else None
         args = {
@@ -179,6 +181,7 @@ class SqliteStore(
             "started_by": run.started_by,
             # A run created already claimed has started: rate limits count it.
             "started_at": now if owner else None,
+            "wake_at": wake_at,
         }
 
         def op(c: sqlite3.Connection) -> tuple[RunRecord, bool]:
@@ -198,6 +201,7 @@ class SqliteStore(
                     owner=owner,
                     epoch=epoch,
                     lease_expires_at=lease,
+                    wake_at=wake_at,
                     deadline_at=run.deadline_at,
                     created_at=now,
                     updated_at=now,
@@ -426,11 +430,21 @@ class SqliteStore(
 
         return await self._db.submit(op, write=True, label=f"cancel_run:{run_id}", multi=True)
 
-    async def resume_run(self, run_id: str, now: float) -> RunRecord:
-        args = {"id": run_id, "now": now}
+    async def resume_run(self, run_id: str, now: float, deadline_at: float | None) -> RunRecord:
+        args = {"id": run_id, "now": now, "deadline_at": deadline_at}
 
         def op(c: sqlite3.Connection) -> RunRecord:
-            if c.execute(_Q["resume_run"], args).rowcount == 1:
+            try:
+                resumed = c.execute(_Q["resume_run"], args).rowcount == 1
+            except sqlite3.IntegrityError:  # its dedup key is held by an unfinished run now
+                run = run_from_row(c.execute(_Q["get_run"], args).fetchone())
+                holder = c.execute(
+                    _Q["dedup_holder"], {"queue": run.queue, "dedup_key": run.dedup_key}
+                ).fetchone()
+                raise duplicate_run(
+                    run.queue, run.dedup_key, holder[0] if holder else "?"
+                ) from None
+            if resumed:
                 c.execute(_Q["resume_checkpoints"], args)
             row = c.execute(_Q["get_run"], args).fetchone()
             if row is None:

@@ -5,10 +5,10 @@
 -- name: insert_run
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
                          deadline_at, parent_id, queue, priority, dedup_key, started_by,
-                         started_at, created_at, updated_at)
+                         started_at, created_at, updated_at, wake_at)
 VALUES (%(id)s, %(workflow)s, %(status)s, %(args)s, %(owner)s, %(epoch)s, %(lease_expires_at)s,
         %(deadline_at)s, %(parent_id)s, %(queue)s, %(priority)s, %(dedup_key)s, %(started_by)s,
-        %(started_at)s, %(now)s, %(now)s)
+        %(started_at)s, %(now)s, %(now)s, %(wake_at)s)
 ON CONFLICT (id) DO NOTHING;
 
 -- name: get_run
@@ -341,5 +341,5 @@ WHERE run_id = %(id)s AND status = 'failed';
 UPDATE tether_runs
 SET status = 'pending', result = NULL, error = NULL, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, wake_on = NULL, cancel_requested = FALSE, finished_at = NULL,
-    updated_at = %(now)s, failures = 0
+    updated_at = %(now)s, failures = 0, deadline_at = %(deadline_at)s
 WHERE id = %(id)s AND status IN ('failed', 'dead');

@@ -5,10 +5,10 @@
 -- name: insert_run
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
                          deadline_at, parent_id, queue, priority, dedup_key, started_by,
-                         started_at, created_at, updated_at)
+                         started_at, created_at, updated_at, wake_at)
 VALUES (:id, :workflow, :status, :args, :owner, :epoch, :lease_expires_at,
         :deadline_at, :parent_id, :queue, :priority, :dedup_key, :started_by,
-        :started_at, :now, :now)
+        :started_at, :now, :now, :wake_at)
 ON CONFLICT (id) DO NOTHING;
 
 -- name: get_run
@@ -307,5 +307,5 @@ WHERE run_id = :id AND status = 'failed';
 UPDATE tether_runs
 SET status = 'pending', result = NULL, error = NULL, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, wake_on = NULL, cancel_requested = 0, finished_at = NULL, updated_at = :now,
-    failures = 0
+    failures = 0, deadline_at = :deadline_at
 WHERE id = :id AND status IN ('failed', 'dead');
