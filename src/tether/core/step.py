@@ -15,7 +15,7 @@ import json
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import timedelta
-from typing import Any, Generic, ParamSpec, TypeVar
+from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from tether.core.context import _RUN, _STEP, ReplayNow, RunContext, StepContext, Suspend
 from tether.core.observe import StepOutcome
@@ -29,6 +29,22 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 DEFAULT_RETRY = Retry()
+
+
+class Attempted(Protocol):
+    """What the attempt loop needs of a step-like callable (a Step, a transaction step)."""
+
+    name: str
+    retry: Retry
+    timeout: float | None
+    at_most_once: bool
+    return_hint: object
+
+
+# An attempt whose body and completed checkpoint are committed together (a transaction step):
+# called with the attempt's StepContext and the attempt's checkpoint maker, it returns the
+# body's value and the COMPLETED checkpoint it wrote; what the body raised propagates.
+Commit = Callable[[StepContext, Callable[..., Checkpoint]], Awaitable[tuple[Any, Checkpoint]]]
 
 
 class _NotDone:
@@ -103,28 +119,33 @@ class Step(Generic[P, R]):
 
 
 async def _execute(
-    step: Step[..., R],
+    step: Attempted,
     ctx: RunContext,
     seq: int,
     name: str,
     recorded: Checkpoint | None,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-) -> R:
+    *,
+    kind: str = "step",
+    commit: Commit | None = None,
+) -> Any:
+    """A step call at position `seq`: its recorded outcome, or its attempts. With `commit`,
+    each attempt is that function (which runs the body and writes its completion together)."""
     what = f"result of step {name!r}"
     attempts = 0
     if recorded is not None:
         found = await _from_history(step, ctx, seq, name, recorded, args, kwargs, what)
         if found is not NOT_DONE:
-            return found  # type: ignore[return-value]
+            return found
         attempts = recorded.attempts
     if ctx.pending:
         await ctx.flush()
-    return await _attempts(step, ctx, seq, name, attempts, args, kwargs, what)
+    return await _attempts(step, ctx, seq, name, attempts, args, kwargs, what, kind, commit)
 
 
 async def _attempts(
-    step: Step[..., R],
+    step: Attempted,
     ctx: RunContext,
     seq: int,
     name: str,
@@ -132,7 +153,9 @@ async def _attempts(
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     what: str,
-) -> R:
+    kind: str = "step",
+    commit: Commit | None = None,
+) -> Any:
     """Attempts of the step's body after the `attempts` made before, each recorded, until one
     completes (its value returned), or one fails for good (raised)."""
     clock, serde = ctx.engine.clock, ctx.engine.serde
@@ -146,7 +169,7 @@ async def _attempts(
 
         # This attempt's checkpoint, in whichever status it ends.
         outcome = functools.partial(
-            Checkpoint, seq=seq, name=name, kind="step", attempts=attempts, started_at=started
+            Checkpoint, seq=seq, name=name, kind=kind, attempts=attempts, started_at=started
         )
         if observer is not None:
             watch = observer.step_started(ctx.run_id, ctx.workflow, step.name, name, attempts)
@@ -156,7 +179,8 @@ async def _attempts(
             ctx.enter_body()
             try:
                 step_ctx = StepContext(run_id=ctx.run_id, name=name, attempt=attempts)
-                value, text = await _attempt(step, step_ctx, args, kwargs, serde, what)
+                value, text, done = await _body(step, step_ctx, outcome, (args, kwargs, serde),
+                                                what, commit)  # fmt: skip
             except Exception as exc:
                 error = _attempt_error(step, name, attempts, exc)
                 if step.retry.retries(error, attempts):
@@ -182,8 +206,7 @@ async def _attempts(
             finally:
                 ctx.leave_body()
             finished = clock.now()
-            done = outcome(status=CheckpointStatus.COMPLETED, result=text, finished_at=finished)
-            await ctx.write(done)
+            done = await _completed(ctx, outcome, text, finished, done)
         except BaseException as exc:
             if observer is not None and not told:  # cancelled, or the run was abandoned
                 observer.step_ended(watch, StepOutcome.INTERRUPTED, clock.now() - started, exc)
@@ -191,15 +214,49 @@ async def _attempts(
         if observer is not None:
             observer.step_ended(watch, StepOutcome.COMPLETED, finished - started, None)
         _replay_if_forced(ctx)
-        return _returned(step, ctx, done, value, what)  # type: ignore[no-any-return]
+        return _returned(step, ctx, done, value, what)
+
+
+async def _body(
+    step: Attempted,
+    step_ctx: StepContext,
+    outcome: Callable[..., Checkpoint],
+    call: tuple[tuple[Any, ...], dict[str, Any], Serde],
+    what: str,
+    commit: Commit | None,
+) -> tuple[Any, str, Checkpoint | None]:
+    """One attempt's body: (its value, the value's JSON, the completed checkpoint when the
+    attempt wrote it with the body (`commit`), else None: it is written after). `call` holds
+    the step's arguments and the serializer."""
+    if commit is None:
+        assert isinstance(step, Step)
+        args, kwargs, serde = call
+        value, text = await _attempt(step, step_ctx, args, kwargs, serde, what)
+        return value, text, None
+    value, done = await commit(step_ctx, outcome)
+    return value, done.result or "null", done
+
+
+async def _completed(
+    ctx: RunContext,
+    outcome: Callable[..., Checkpoint],
+    text: str,
+    finished: float,
+    written: Checkpoint | None,
+) -> Checkpoint:
+    """The attempt's completed checkpoint: written now, unless the attempt wrote it with its
+    body (a transaction step)."""
+    if written is not None:
+        return written
+    done = outcome(status=CheckpointStatus.COMPLETED, result=text, finished_at=finished)
+    await ctx.write(done)
+    return done
 
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
 
 
-def _returned(
-    step: Step[..., Any], ctx: RunContext, done: Checkpoint, value: Any, what: str
-) -> Any:
+def _returned(step: Attempted, ctx: RunContext, done: Checkpoint, value: Any, what: str) -> Any:
     """What a completed attempt gives back: what replay would give, the value rebuilt from
     its JSON (tuples become lists...); so a value that does not fit the step's type hint
     stops the execution as it would on replay."""
@@ -211,7 +268,7 @@ def _returned(
 
 
 async def _from_history(
-    step: Step[..., Any],
+    step: Attempted,
     ctx: RunContext,
     seq: int,
     name: str,
@@ -232,12 +289,12 @@ async def _from_history(
         raise rebuild_error(ctx.decode(recorded, lambda: json.loads(recorded.error or "{}")))
     if recorded.status is CheckpointStatus.RETRYING and recorded.retry_at is not None:
         await _wait_until(ctx, recorded.retry_at)
-    elif recorded.status is CheckpointStatus.STARTED:
+    elif recorded.status is CheckpointStatus.STARTED and isinstance(step, Step):
         return await _reconcile(step, ctx, seq, name, recorded.attempts, args, kwargs)
     return NOT_DONE
 
 
-def _attempt_error(step: Step[..., Any], name: str, attempts: int, exc: Exception) -> Exception:
+def _attempt_error(step: Attempted, name: str, attempts: int, exc: Exception) -> Exception:
     """What a failed attempt records: its exception, or StepTimeout for a timeout."""
     if not isinstance(exc, TimeoutError):
         return exc
@@ -247,7 +304,7 @@ def _attempt_error(step: Step[..., Any], name: str, attempts: int, exc: Exceptio
     )
 
 
-def _retry_delay(step: Step[..., Any], error: Exception, attempts: int) -> float:
+def _retry_delay(step: Attempted, error: Exception, attempts: int) -> float:
     delay = step.retry.delay(attempts, secrets.randbits(32) / (1 << 32))
     # A provider that says when to come back (HTTP Retry-After) is believed.
     asked = getattr(error, "retry_after", None)
