@@ -84,7 +84,7 @@ def test_runs_list_json_is_an_array_with_stable_keys(db: str) -> None:
     rows = {row["id"]: row for row in json.loads(result.output)}
     assert set(rows) == {"ok-run", "bad-run"}
     keys = {"id", "workflow", "status", "attempt", "failures", "owner", "created_at",
-            "updated_at", "finished_at", "error_type", "error_message"}  # fmt: skip
+            "updated_at", "finished_at", "error_type", "error_message", "forked_from"}  # fmt: skip
     assert all(set(row) == keys for row in rows.values())
     assert rows["ok-run"]["status"] == "succeeded"
     assert rows["ok-run"]["error_type"] is None

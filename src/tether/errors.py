@@ -24,7 +24,8 @@ is the default message, and every message says what was wrong and what to do nex
     ├── WaitTimeout                 a caller's local wait ran out; the run goes on
     ├── RunFailed                   raised by handle.result() for a failed run
     │   └── RunDead                 ... for a dead run: the engine could not execute it
-    └── RunCancelled                raised by handle.result() for a cancelled run
+    ├── RunCancelled                raised by handle.result() for a cancelled run
+    └── ValueNotFound               a run has not set the value asked for (also a LookupError)
     PermanentError                  raise it (or a subclass) in a step to fail without retrying
 
 Control-flow signals (suspension, forced replay) live in ``tether.core.context``; they derive from
@@ -184,6 +185,11 @@ class RunCancelled(_RunEnded):
         super().__init__(run_id, error, f"run {run_id!r} was cancelled")
 
 
+class ValueNotFound(TetherError, LookupError):
+    """The run has not set this value; pass wait= to wait for it, or default= to get a
+    fallback instead of this error."""
+
+
 class PermanentError(Exception):
     """Raise this (or a subclass) from a step to fail it at once: it is never retried."""
 
@@ -199,6 +205,7 @@ __all__ = [
     "PayloadTooLarge",
     "PermanentError",
     "RunCancelled",
+    "ValueNotFound",
     "RunDead",
     "RunFailed",
     "RunNotFound",

@@ -12,9 +12,10 @@ from datetime import datetime
 from typing import Any
 
 from tether.approvals.model import Approval, Decision, HistoryEntry, Option
-from tether.core.handle import RunInfo
+from tether.core.handle import ForkInfo, RunInfo
 from tether.redact import redact, redact_text
 from tether.store.base import Checkpoint
+from tether.values import ValueInfo
 
 
 def iso(moment: datetime | None) -> str | None:
@@ -65,7 +66,23 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "updated_at": iso(info.updated_at), "finished_at": iso(info.finished_at),
         "error_type": error.get("type"),
         "error_message": None if message is None else redact_text(str(message)),
+        "forked_from": fork_json(info.fork),
     }  # fmt: skip
+
+
+def fork_json(fork: ForkInfo | None) -> dict[str, Any] | None:
+    """A fork link: run `run_id` reuses run `source_run_id`'s checkpoints before `from_step`."""
+    if fork is None:
+        return None
+    return {"run_id": fork.run_id, "source_run_id": fork.source_run_id,
+            "from_step": fork.from_step, "created_at": iso(fork.created_at)}  # fmt: skip
+
+
+def value_json(value: ValueInfo, plain: Any) -> dict[str, Any]:
+    """A value a run set, given in its JSON form (`plain`), redacted like step results (the
+    library returns values as they were set)."""
+    return {"key": value.key, "value": redact(plain), "version": value.version,
+            "set_at": iso(value.set_at)}  # fmt: skip
 
 
 def checkpoint_json(cp: Checkpoint) -> dict[str, Any]:

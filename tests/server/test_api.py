@@ -61,6 +61,16 @@ def build_app(url: str) -> tether.App:
     async def talk(words: list[str]) -> int:
         return await speak(words)
 
+    @app.step()
+    async def count(n: int) -> int:
+        return n
+
+    @app.workflow()
+    async def progress(n: int) -> int:
+        for i in range(1, n + 1):
+            await tether.set_value("done", {"steps": await count(i), "token": "sk-" + "a" * 24})
+        return n
+
     return app
 
 
@@ -256,12 +266,12 @@ async def test_a_stream_is_served_as_sse_and_resumes_from_an_offset_or_the_last_
 async def test_the_openapi_document_lists_every_status_of_every_operation(api: Api) -> None:
     document = (await api.client.get("/openapi.json")).json()
     operations = [op for path in document["paths"].values() for op in path.values()]
-    assert len(operations) == 8
+    assert len(operations) == 11
     for operation in operations:
         codes = set(operation["responses"])
         assert {"400", "401", "403", "404", "409", "413", "422"} <= codes, operation["summary"]
-    decision = document["components"]["schemas"]["DecisionIn"]
-    assert decision["additionalProperties"] is False
+    for body in ("DecisionIn", "ForkIn"):
+        assert document["components"]["schemas"][body]["additionalProperties"] is False
 
 
 async def test_html_and_json_responses_carry_the_security_headers(api: Api) -> None:
@@ -269,3 +279,38 @@ async def test_html_and_json_responses_carry_the_security_headers(api: Api) -> N
     assert "default-src 'self'" in response.headers["content-security-policy"]
     assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
     assert response.headers["x-content-type-options"] == "nosniff"
+
+
+async def test_values_are_served_redacted_and_a_fork_needs_group_admin(api: Api) -> None:
+    await (await api.app.start("progress", 3, id="p")).result(timeout=10)
+    root, alice = api.as_("root"), api.as_("alice")
+    listed = await api.client.get("/api/runs/p/values", headers=root)
+    assert listed.status_code == 200
+    [value] = listed.json()
+    assert (value["key"], value["version"]) == ("done", 3)
+    assert value["value"]["steps"] == 3
+    assert "sk-aaaa" not in listed.text  # redacted like step results
+    one = await api.client.get("/api/runs/p/values/done", headers=root)
+    assert one.json()["version"] == 3
+    newer = await api.client.get("/api/runs/p/values/done?after_version=3&wait=0.1", headers=root)
+    assert newer.status_code == 404  # the run ended without a fourth
+    assert (await api.client.get("/api/runs/p/values/nope", headers=root)).status_code == 404
+    assert (await api.client.get("/api/runs/p/values/a%23b", headers=root)).status_code == 422
+    # alice reviews no approval of this run: it does not exist for her.
+    assert (await api.client.get("/api/runs/p/values", headers=alice)).status_code == 404
+
+    body = {"from_step": "count#2", "id": "p-fork"}
+    assert (await api.client.post("/api/runs/p/fork", json=body, headers=alice)).status_code == 404
+    forked = await api.client.post("/api/runs/p/fork", json=body, headers=root)
+    assert forked.status_code == 201
+    link = forked.json()["forked_from"]
+    assert (link["run_id"], link["source_run_id"], link["from_step"]) == ("p-fork", "p", "count#2")
+    assert await (await api.app.get("p-fork")).result(timeout=10) == 3
+    again = await api.client.post("/api/runs/p/fork", json=body, headers=root)
+    assert again.status_code == 201  # the same fork: the id is its idempotency key
+    other = {"from_step": "count#3", "id": "p-fork"}
+    assert (await api.client.post("/api/runs/p/fork", json=other, headers=root)).status_code == 409
+    missing = {"from_step": "nope#1"}
+    refused = await api.client.post("/api/runs/p/fork", json=missing, headers=root)
+    assert refused.status_code == 409
+    assert "count#3" in refused.json()["detail"]  # it names the steps the run recorded

@@ -1,5 +1,5 @@
-"""`tether runs list | show | cancel | resume`: look at runs and their steps, cancel them, and
-resume failed or dead ones.
+"""`tether runs list | show | cancel | resume | fork`: look at runs, their steps, values and fork
+links, cancel them, resume failed or dead ones, and fork one from a step.
 
 Parses arguments, calls App and RunHandle, and renders what they return as tables or JSON. It
 must not hold engine logic or talk SQL: what it needs beyond printing belongs in the library.
@@ -8,6 +8,7 @@ must not hold engine logic or talk SQL: what it needs beyond printing belongs in
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -24,10 +25,11 @@ from tether.cli.common import (
     short_time,
     status_text,
 )
-from tether.core.handle import RunInfo
+from tether.core.handle import ForkInfo, RunInfo
 from tether.redact import redact
 from tether.store.base import Checkpoint, RunStatus
-from tether.views import checkpoint_json, run_json
+from tether.values import ValueInfo
+from tether.views import checkpoint_json, fork_json, run_json, value_json
 
 
 def dead_reason(info: RunInfo) -> str:
@@ -50,7 +52,7 @@ def first_line(error: dict[str, Any] | None) -> str:
 @database_options
 @click.pass_context
 def runs(ctx: click.Context, database: str, app_ref: str | None) -> None:
-    """List, inspect, cancel and resume runs."""
+    """List, inspect, cancel, resume and fork runs."""
     ctx.obj = {"database": database, "app": app_ref}
 
 
@@ -98,33 +100,45 @@ def runs_list(
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of tables.")
 @click.pass_context
 def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
-    """Show one run: its fields, its steps, and its result or error."""
+    """Show one run: its fields, its steps, the values it published, the run it was forked
+    from and the runs forked from it, and its result or error."""
 
-    async def work(app: App) -> tuple[RunInfo, list[Checkpoint], object, object]:
+    async def work(app: App) -> tuple[RunInfo, list[Checkpoint], object, object, Links]:
         handle = await app.get(run_id)
         info = await handle.info()
         result = await handle.result() if info.status is RunStatus.SUCCEEDED else None
         # For --json: the decoded result in its stored JSON form.
         encoded = json.loads(app.engine.serde.dumps(result, what="result"))
-        return info, await handle.checkpoints(), result, encoded
+        values = [(v, json.loads(app.engine.serde.dumps(v.value, what="value")))
+                  for v in await app.list_values(run_id)]  # fmt: skip
+        links = Links(values, await handle.forks())
+        return info, await handle.checkpoints(), result, encoded, links
 
-    info, checkpoints, result, encoded = run_with_app(ctx, work)
+    info, checkpoints, result, encoded, links = run_with_app(ctx, work)
     # What a person reads passes the redactor, like the inbox and the API.
     shown_result, shown_error = redact(encoded), redact(info.error)
+    values = [(v, redact(plain)) for v, plain in links.values]
     if as_json:
         steps_json = [checkpoint_json(c) for c in checkpoints]
         doc = {**run_json(info), "result": shown_result, "error": shown_error,
-               "checkpoints": steps_json}  # fmt: skip
+               "checkpoints": steps_json, "forks": [fork_json(f) for f in links.forks],
+               "values": {v.key: value_json(v, plain) for v, plain in links.values}}  # fmt: skip
         click.echo(json.dumps(doc, indent=2))
         return
     out = console()
-    out.print(fields_grid([
+    rows: list[tuple[str, str | Text]] = [
         ("id", info.id), ("workflow", info.workflow), ("status", status_text(info.status)),
         ("attempt", str(info.attempt)), ("failures", str(info.failures)),
         ("owner", info.owner or ""),
         ("created", short_time(info.created_at)), ("updated", short_time(info.updated_at)),
         ("finished", short_time(info.finished_at)),
-    ]))  # fmt: skip
+    ]  # fmt: skip
+    if info.fork is not None:
+        rows.append(("forked from", f"{info.fork.source_run_id} at step {info.fork.from_step}"))
+    if links.forks:
+        rows.append(("forks", ", ".join(f"{f.run_id} (from step {f.from_step})"
+                                        for f in links.forks)))  # fmt: skip
+    out.print(fields_grid(rows))
     steps = new_table("#", "name", "kind", "status", "attempts", "ms", "error", title="steps")
     for cp in checkpoints:
         row = checkpoint_json(cp)
@@ -132,6 +146,11 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
         steps.add_row(str(cp.seq), cp.name, cp.kind, status_text(cp.status), str(cp.attempts),
                       ms, first_line(row["error"]))  # fmt: skip
     out.print(steps if checkpoints else Text("no steps recorded", style="dim"))
+    if values:
+        table = new_table("key", "version", "set", "value", title="values")
+        for v, shown in values:
+            table.add_row(v.key, str(v.version), short_time(v.set_at), json.dumps(shown)[:200])
+        out.print(table)
     if info.status is RunStatus.SUCCEEDED:
         # The decoded value (its type shows) unless the redactor had something to hide.
         out.print(Text("result", style="bold"),
@@ -146,6 +165,14 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
         out.print(Text("error ", style="bold red") + Text(first_line(shown_error)))
         if shown_error.get("traceback"):
             out.print(Text(str(shown_error["traceback"]).rstrip(), style="dim"))
+
+
+@dataclass(frozen=True, slots=True)
+class Links:
+    """What `runs show` reads beside the run: its values (with their JSON forms) and forks."""
+
+    values: list[tuple[ValueInfo, object]]
+    forks: list[ForkInfo]
 
 
 @runs.command("cancel")
@@ -191,3 +218,43 @@ def runs_resume(ctx: click.Context, run_id: str) -> None:
     status = run_with_app(ctx, work)
     console().print(Text(f"run {run_id!r}: ") + status_text(status)
                     + Text(" (a worker resumes it from its checkpoints)"))  # fmt: skip
+
+
+@runs.command("fork")
+@click.argument("run_id", metavar="ID")
+@click.option(
+    "--from-step",
+    "from_step",
+    required=True,
+    metavar="NAME",
+    help="The step to execute again, as `runs show` lists it (name#2: its second call); "
+    "the checkpoints before it are reused.",
+)
+@click.option(
+    "--id", "new_id", metavar="NEW_ID", help="The new run's id (its idempotency key); "
+    "a new one if not given.",
+)  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the new run as a JSON object.")
+@click.pass_context
+def runs_fork(
+    ctx: click.Context, run_id: str, from_step: str, new_id: str | None, as_json: bool
+) -> None:
+    """Fork a run from a step: a new run of the same workflow, with the same arguments, that
+    reuses the run's checkpoints before that step and executes from there under the current
+    code (time travel: try a fix, or a path again). Give --app (the group's option): the fork
+    needs the workflow's code. The run itself is not changed; a worker executes the fork.
+    """
+
+    async def work(app: App) -> RunInfo:
+        handle = await app.fork(run_id, from_step, id=new_id)
+        return await handle.info()
+
+    info = run_with_app(ctx, work)
+    if as_json:
+        doc = {**run_json(info), "forked_from": fork_json(info.fork)}
+        click.echo(json.dumps(doc, indent=2))
+        return
+    step = info.fork.from_step if info.fork is not None else from_step
+    console().print(Text(f"run {info.id!r} forked from {run_id!r} at step {step!r}: ")
+                    + status_text(info.status)
+                    + Text(" (a worker executes it from that step)"))  # fmt: skip

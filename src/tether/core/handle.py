@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -18,10 +19,27 @@ from tether.core.engine import Engine
 from tether.core.runner import CANCELLED_ERROR
 from tether.errors import RunCancelled, RunDead, RunFailed, RunNotFound, WaitTimeout
 from tether.store.base import Checkpoint, RunRecord, RunStatus
+from tether.store.value_rows import ForkRecord
 
 R = TypeVar("R")
 
 _POLL = 0.25  # seconds between looks at a run that another process executes
+
+
+@dataclass(frozen=True, slots=True)
+class ForkInfo:
+    """A fork link: run `run_id` was forked from run `source_run_id`, reusing its checkpoints
+    before step `from_step` (`app.fork`)."""
+
+    run_id: str
+    source_run_id: str
+    from_step: str
+    created_at: datetime
+
+    @classmethod
+    def of(cls, record: ForkRecord) -> ForkInfo:
+        return cls(record.run_id, record.source_run_id, record.from_step,
+                   to_datetime(record.created_at))  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +56,9 @@ class RunInfo:
     owner: str | None
     attempt: int  # how many times a worker has claimed the run (its lease epoch)
     failures: int = 0  # executions in a row that failed outside the workflow's code
+    # Where the run was forked from, if it is a fork: filled by `handle.info()` (listings
+    # leave it None, to read one row per run).
+    fork: ForkInfo | None = None
 
     @classmethod
     def of(cls, record: RunRecord) -> RunInfo:
@@ -73,7 +94,15 @@ class RunHandle(Generic[R]):
         return record
 
     async def info(self) -> RunInfo:
-        return RunInfo.of(await self._record())
+        """What is known of the run, with the fork it was made as (`.fork`), if any."""
+        info = RunInfo.of(await self._record())
+        link = await self._engine.store.get_fork(self.id)
+        return info if link is None else dataclasses.replace(info, fork=ForkInfo.of(link))
+
+    async def forks(self) -> list[ForkInfo]:
+        """The runs forked from this one (`app.fork`), oldest first."""
+        await self._record()
+        return [ForkInfo.of(f) for f in await self._engine.store.list_forks(self.id)]
 
     async def status(self) -> RunStatus:
         return (await self._record()).status

@@ -1,11 +1,14 @@
-"""The JSON API under /api (DESIGN §5): runs, their steps and events, approvals and decisions.
+"""The JSON API under /api (DESIGN §5): runs, their steps, events, values and forks, approvals
+and decisions.
 
 Every route needs a bearer token; the token's owner is the actor. Object-level authorization:
 a user sees an approval they may decide and the runs those approvals belong to (404 for the
 rest, so ids of others' objects leak nothing); group `admin` sees everything and alone may
-cancel runs and send events. Routes validate and translate; the library does the work.
+cancel runs, send events and fork runs. Routes validate and translate; the library does the
+work.
 """
 
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
@@ -14,13 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.app import App
 from tether.approvals.model import Approval
+from tether.core.values import check_value_key
 from tether.errors import (
     ApprovalNotFound,
     ApprovalRefused,
     ConfigurationError,
     EventRefused,
+    IdempotencyConflict,
     RunNotFound,
     SerializationError,
+    ValueNotFound,
 )
 from tether.server.auth import Auth
 from tether.server.http import StrictRoute
@@ -28,7 +34,8 @@ from tether.server.sse import event_stream, start_offset
 from tether.store.base import RunStatus
 from tether.streams import check_stream_key
 from tether.users import User
-from tether.views import approval_json, checkpoint_json, decision_json, run_json
+from tether.values import ValueInfo
+from tether.views import approval_json, checkpoint_json, decision_json, run_json, value_json
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"description": "The body is not strict JSON (invalid, or a key repeated)"},
@@ -51,6 +58,15 @@ ApprovalId = Annotated[str, Path(min_length=1, max_length=100)]
 class Problem(BaseModel):
     detail: str
     reason: str | None = None
+
+
+class ForkIn(BaseModel):
+    """Where a fork starts: the step (as `steps` of the run name them), and its new id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    from_step: str = Field(min_length=1, max_length=512)
+    id: str | None = Field(default=None, min_length=1, max_length=512)
 
 
 class DecisionIn(BaseModel):
@@ -116,6 +132,7 @@ def build_router(app: App) -> APIRouter:
     access = Access(app)
     _run_routes(router, app, access)
     _stream_route(router, app, access)
+    _value_routes(router, app, access)
     _approval_routes(router, app, access)
     return router
 
@@ -172,6 +189,54 @@ def _run_routes(router: APIRouter, app: App, access: Access) -> None:
         except EventRefused as exc:
             raise HTTPException(409, str(exc)) from None
         return {"run_id": run_id, "key": key, "status": "delivered"}
+
+
+def _value_routes(router: APIRouter, app: App, access: Access) -> None:
+    def plain(value: ValueInfo) -> Any:  # the value's JSON form, as stored
+        return json.loads(app.engine.serde.dumps(value.value, what=f"value {value.key!r}"))
+
+    ValueKey = Annotated[str, Path(min_length=1, max_length=200, pattern="^[^#]+$")]
+
+    @router.get("/runs/{run_id}/values", summary="The latest value of each key a run set")
+    async def list_values(run_id: RunId, user: CurrentUser) -> list[dict[str, Any]]:
+        await access.run(run_id, user)
+        return [value_json(v, plain(v)) for v in await app.list_values(run_id)]
+
+    @router.get(
+        "/runs/{run_id}/values/{key}",
+        summary="A value the run set (?wait= seconds for one newer than ?after_version=)",
+    )
+    async def get_value(
+        run_id: RunId,
+        key: ValueKey,
+        user: CurrentUser,
+        wait: Annotated[float, Query(ge=0, le=60)] = 0,
+        after_version: Annotated[int, Query(ge=0)] = 0,
+    ) -> dict[str, Any]:
+        await access.run(run_id, user)
+        try:
+            check_value_key(key)
+        except ConfigurationError as exc:
+            raise HTTPException(422, str(exc)) from None
+        try:
+            await app.get_value(run_id, key, wait=wait, after_version=after_version)
+        except ValueNotFound as exc:
+            raise HTTPException(404, str(exc)) from None
+        # The version with it: what a caller passes as after_version to wait for the next.
+        latest = {v.key: v for v in await app.list_values(run_id)}[key]
+        return value_json(latest, plain(latest))
+
+    @router.post("/runs/{run_id}/fork", summary="Fork a run from one of its steps (group admin)",
+                 status_code=201)  # fmt: skip
+    async def fork(run_id: RunId, body: ForkIn, user: CurrentUser) -> dict[str, Any]:
+        await access.run(run_id, user)
+        access.admin(user, "fork runs")
+        try:
+            handle = await app.fork(run_id, body.from_step, id=body.id)
+        except (ConfigurationError, IdempotencyConflict) as exc:
+            # The run's history has no such step or cannot be reused, or the id is taken.
+            raise HTTPException(409, str(exc)) from None
+        return run_json(await handle.info())
 
 
 def _stream_route(router: APIRouter, app: App, access: Access) -> None:
