@@ -25,6 +25,7 @@ from tether.errors import ConfigurationError, StoreUnavailable
 
 T = TypeVar("T")
 SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024  # bytes of -wal file kept after a checkpoint
 
 
 @dataclass(slots=True)
@@ -99,8 +100,14 @@ class CommitQueue:
         conn = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
         )
+        # Before journal_mode (which writes the file's first page): a new database frees
+        # pages incrementally (retention compacts it); an existing one keeps its mode.
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
+        # A -wal file that a long reader made grow is cut back to this size once it is
+        # checkpointed and written again (docs/retention.md).
+        conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
         return conn
 
     async def open(self) -> None:
@@ -336,6 +343,23 @@ class CommitQueue:
             self._batch.append(op)
             if len(self._batch) == 1:
                 loop.call_soon(self._flush)
+        return await future
+
+    async def submit_to_thread(
+        self, fn: Callable[[sqlite3.Connection], T], *, write: bool, label: str = ""
+    ) -> T:
+        """Like submit, but always run by the writer thread, never on the event loop: for
+        operations that take a while (retention's batches), so the loop goes on meanwhile.
+        Operations submitted while it runs wait for it, then commit."""
+        if self._thread is None:
+            raise StoreUnavailable(f"the SQLite store {self.path!r} is not open; call open() first")
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        op = _Op(fn, write, label, True, loop, future)
+        if loop is self._loop:
+            self._hand_over([op])
+        else:
+            self._queue.put(op)
         return await future
 
     def apply_pragma(self, pragma: str) -> None:
