@@ -48,7 +48,7 @@ from tether.approvals import (
 )
 from tether.clock import to_datetime
 from tether.core.context import idempotency_key, now_seconds, patched, random, uuid4
-from tether.core.handle import RunHandle, RunInfo
+from tether.core.handle import ForkInfo, RunHandle, RunInfo
 from tether.core.retry import NO_RETRY, Retry
 from tether.core.start import ChildHandle, start_child
 from tether.core.step import NOT_DONE, Step
@@ -85,15 +85,16 @@ from tether.errors import (
     StepTimeout,
     StoreUnavailable,
     TetherError,
+    ValueNotFound,
     WaitTimeout,
     WorkflowTimeout,
 )
-from tether.outbox import Sender, outbox
+from tether.outbox import HttpSender, OutboxMessage, Sender, outbox
 from tether.retention import Retention
 from tether.store.base import Checkpoint, CheckpointStatus, RunStatus
 from tether.streams import StreamReset, stream
 from tether.sync import SyncApp, SyncRunHandle
-from tether.values import set_value
+from tether.values import ValueInfo, set_value
 
 __version__ = "0.1.0"
 
@@ -107,7 +108,12 @@ __all__ = [
     "Retention",
     "Sender",
     "outbox",
+    "OutboxMessage",
+    "HttpSender",
     "set_value",
+    "ValueInfo",
+    "ValueNotFound",
+    "ForkInfo",
     "models",
     "Tool",
     "MaxTurnsExceeded",

@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine, Iterator
-from datetime import timedelta
+from collections.abc import AsyncGenerator, Coroutine, Iterator
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-from tether.core.handle import RunHandle, RunInfo
+from tether.core.handle import ForkInfo, RunHandle, RunInfo
 from tether.store.base import Checkpoint, RunStatus
 
 if TYPE_CHECKING:
     from tether.app import App
     from tether.approvals.model import Approval, Decision, HistoryEntry, Reviewer
     from tether.core.workflow import Workflow
+    from tether.retention import GcReport, StorageStatus
+    from tether.schedules import ScheduleInfo
+    from tether.store.outbox_rows import OutboxMessage
+    from tether.values import ValueInfo
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -82,6 +86,9 @@ class SyncRunHandle(Generic[R]):
     def checkpoints(self) -> list[Checkpoint]:
         return self._portal.call(self._handle.checkpoints())
 
+    def forks(self) -> list[ForkInfo]:
+        return self._portal.call(self._handle.forks())
+
 
 class SyncApp:
     """`with app.sync as s: s.start(wf, ...).result()` runs the worker in the background."""
@@ -113,6 +120,50 @@ class SyncApp:
     ) -> SyncRunHandle[R]:
         handle = self._portal.call(self._app.start(workflow, *args, id=id, **kwargs))
         return SyncRunHandle(self._portal, handle)
+
+    def start_at(
+        self,
+        when: datetime | timedelta,
+        workflow: Workflow[..., R] | str,
+        *args: Any,
+        id: str | None = None,
+        **kwargs: Any,
+    ) -> SyncRunHandle[R]:
+        handle = self._portal.call(self._app.start_at(when, workflow, *args, id=id, **kwargs))
+        return SyncRunHandle(self._portal, handle)
+
+    def list_schedules(self) -> list[ScheduleInfo]:
+        return self._portal.call(self._app.list_schedules())
+
+    def fork(self, run_id: str, from_step: str, *, id: str | None = None) -> SyncRunHandle[Any]:
+        handle = self._portal.call(self._app.fork(run_id, from_step, id=id))
+        return SyncRunHandle(self._portal, handle)
+
+    def get_value(self, run_id: str, key: str, **options: Any) -> object:
+        """`app.get_value` (wait=, default=, after_version=)."""
+        return self._portal.call(self._app.get_value(run_id, key, **options))
+
+    def list_values(self, run_id: str) -> list[ValueInfo]:
+        return self._portal.call(self._app.list_values(run_id))
+
+    def watch_value(self, run_id: str, key: str, *, after_version: int = 0) -> Iterator[ValueInfo]:
+        """`app.watch_value` as a blocking iterator."""
+        return self._blocking(self._app.watch_value(run_id, key, after_version=after_version))
+
+    def list_outbox(
+        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+    ) -> list[OutboxMessage]:
+        return self._portal.call(self._app.list_outbox(status=status, run_id=run_id, limit=limit))
+
+    def retry_outbox(self, message_id: str) -> OutboxMessage:
+        return self._portal.call(self._app.retry_outbox(message_id))
+
+    def gc(self, **options: Any) -> GcReport:
+        """`app.gc` (retention=, dry_run=, vacuum=, now=)."""
+        return self._portal.call(self._app.gc(**options))
+
+    def storage_status(self) -> StorageStatus:
+        return self._portal.call(self._app.storage_status())
 
     def send(self, run_id: str, key: str, payload: object = None) -> None:
         self._portal.call(self._app.send(run_id, key, payload))
@@ -163,20 +214,24 @@ class SyncApp:
     def read_stream(
         self, run_id: str, key: str, offset: int = 0, *, follow: bool = True
     ) -> Iterator[tuple[int, object]]:
-        """`app.read_stream` as a blocking iterator: each step waits on the portal's loop."""
-        entries = self._app.read_stream(run_id, key, offset, follow=follow)
+        """`app.read_stream` as a blocking iterator."""
+        return self._blocking(self._app.read_stream(run_id, key, offset, follow=follow))
 
-        async def step() -> tuple[bool, tuple[int, object] | None]:
+    def _blocking(self, items: AsyncGenerator[T, None]) -> Iterator[T]:
+        """An async generator of the App as a blocking iterator: each step waits on the
+        portal's loop."""
+
+        async def step() -> tuple[bool, T | None]:
             try:
-                return True, await entries.__anext__()
+                return True, await items.__anext__()
             except StopAsyncIteration:
                 return False, None
 
         try:
             while True:
-                more, entry = self._portal.call(step())
-                if not more or entry is None:
+                more, item = self._portal.call(step())
+                if not more:
                     return
-                yield entry
+                yield item  # type: ignore[misc]
         finally:
-            self._portal.call(entries.aclose())
+            self._portal.call(items.aclose())

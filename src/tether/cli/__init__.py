@@ -14,8 +14,10 @@ import click
 from tether.cli.approvals import approvals
 from tether.cli.common import TetherGroup
 from tether.cli.events import events
+from tether.cli.maintenance import gc, status
 from tether.cli.replay import replay_check
 from tether.cli.runs import runs
+from tether.cli.schedules import schedules
 from tether.cli.serve import serve
 from tether.cli.users import users
 from tether.cli.worker import worker
@@ -28,7 +30,8 @@ def cli() -> None:
     approvals, check that stored histories replay under the current code, and run workers."""
 
 
-for command in (runs, events, approvals, users, replay_check, serve, worker):
+for command in (runs, events, approvals, users, replay_check, serve, worker, schedules,
+                gc, status):  # fmt: skip
     cli.add_command(command)
 
 

@@ -43,6 +43,12 @@ class Worker:
         self._swept_at: float | None = None  # when it last looked for unserved runs
 
     @property
+    def stopped(self) -> bool:
+        """Whether stop() was called: a service's loop ends on it, not on its cancellation
+        alone (3.11's asyncio.timeout can swallow a cancel that meets its deadline)."""
+        return self._stopped
+
+    @property
     def lease_duration(self) -> float:
         return self.engine.settings.lease_duration
 

@@ -18,7 +18,17 @@ from typing import Protocol
 
 from tether.errors import DuplicateRun, LeaseLost
 from tether.store.approval_rows import ApprovalChange, ApprovalRecord, AuditEntry, ChangeFn
+from tether.store.outbox_rows import (
+    OutboxMessage,
+    OutboxSettlement,
+    OutboxStatus,
+    TransactionBody,
+)
+from tether.store.retention_rows import START, Cursor, Purge, StorageSizes, WalState
+from tether.store.schedule_rows import ScheduleRecord, ScheduleSpec
+from tether.store.stream_rows import StreamAppend, StreamEntry
 from tether.store.user_rows import UserRecord
+from tether.store.value_rows import ForkRecord, ValueRecord
 
 
 class RunStatus(StrEnum):
@@ -146,6 +156,7 @@ class NewRun:
     priority: int = 0  # higher is claimed sooner, within a queue and outside queues alike
     dedup_key: str | None = None  # unique among the queue's unfinished runs
     started_by: str | None = None
+    wake_at: float | None = None  # created waiting until then (app.start_at); None: due now
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,44 +201,6 @@ def store_stats(by_status: Mapping[str, int], pending: int, oldest: float | None
     return StoreStats(runs, int(pending), None if oldest is None else float(oldest))
 
 
-class StreamKind(StrEnum):
-    CHUNK = "chunk"  # data: the JSON of one value a run wrote
-    RESET = "reset"  # data: a JSON list of the offsets of chunks it retracts
-
-
-@dataclass(frozen=True, slots=True)
-class StreamAppend:
-    """An entry to append to a stream; the store gives it its offset."""
-
-    kind: StreamKind
-    data: str
-    writer: str  # the checkpoint name of the step (or workflow write) that wrote it
-    attempt: int = 0  # the step attempt that wrote it (0: workflow code)
-    ref: str | None = None  # dedupe reference: an entry whose ref the stream holds is skipped
-
-
-@dataclass(frozen=True, slots=True)
-class StreamEntry:
-    """An entry of a stream, as stored: append-only, addressed by its offset."""
-
-    offset: int
-    kind: StreamKind
-    data: str
-    writer: str
-    attempt: int
-    ref: str | None
-    created_at: float
-
-
-def unretracted(entries: Sequence[StreamEntry]) -> list[int]:
-    """The offsets of the chunks among `entries` that no reset among them names, in order."""
-    retracted: set[int] = set()
-    for entry in entries:
-        if entry.kind is StreamKind.RESET:
-            retracted.update(json.loads(entry.data))
-    return [e.offset for e in entries if e.kind is StreamKind.CHUNK and e.offset not in retracted]
-
-
 def stream_lease_lost(lease: Lease, key: str) -> LeaseLost:
     """The error for an append to a stream by a worker that no longer holds the run."""
     return LeaseLost(
@@ -239,14 +212,6 @@ def stream_lease_lost(lease: Lease, key: str) -> LeaseLost:
 
 class Store(Protocol):
     """A database that Tether can run on. One method, one transaction."""
-
-    # -- transactions and the outbox (see outbox_rows) ----------------------------------------
-
-    # -- schedules (see schedule_rows) ----------------------------------------------------------
-
-    # -- values and forks (see value_rows) ------------------------------------------------------
-
-    # -- retention and sizes (see retention_rows) -----------------------------------------------
 
     url: str
 
@@ -281,7 +246,8 @@ class Store(Protocol):
         lease_until: float | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert the run unless its id exists. Returns (the stored run, whether it was created).
-        With owner, a new run is created already claimed by that worker (epoch 1). Raises
+        With owner, a new run is created already claimed by that worker (epoch 1); without,
+        and with run.wake_at, it is created waiting until then. Raises
         DuplicateRun if an unfinished run of the same queue has the same dedup key."""
 
     async def get_run(self, run_id: str) -> RunRecord | None:
@@ -368,11 +334,12 @@ class Store(Protocol):
         finish_run); one that a worker holds is flagged and its worker ends it. Finished runs
         are left as they are. Raises RunNotFound."""
 
-    async def resume_run(self, run_id: str, now: float) -> RunRecord:
+    async def resume_run(self, run_id: str, now: float, deadline_at: float | None) -> RunRecord:
         """Give a failed or dead run another go after a fix: it becomes pending (error cleared,
-        failures 0), and its failed checkpoints become retrying, due now, so those steps get
-        one more attempt under the current code while completed ones replay. A run in another
-        status is returned unchanged. Raises RunNotFound."""
+        failures 0, its deadline `deadline_at`), and its failed checkpoints become retrying,
+        due now, so those steps get one more attempt under the current code while completed
+        ones replay. A run in another status is returned unchanged. Raises RunNotFound, and
+        DuplicateRun if an unfinished run of its queue now holds its dedup key."""
 
     async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
         """Append an event to the run's mailbox, unless the run has finished (then nothing is
@@ -468,3 +435,158 @@ class Store(Protocol):
     async def stream_unretracted(self, run_id: str, key: str, writer: str) -> list[int]:
         """The offsets of the chunks that `writer` appended to the stream and that no reset
         names, in order (`unretracted` of the writer's entries)."""
+
+    # -- transactions and the outbox (see outbox_rows) ----------------------------------------
+
+    async def run_transaction(
+        self, lease: Lease, body: TransactionBody, checkpoint: Checkpoint, now: float
+    ) -> str:
+        """In one transaction of this database: call `body(connection)` (a connection to this
+        database inside the transaction, guarded so that the body cannot commit, roll back or
+        end it), insert the messages it returns into the outbox (pending, due now; an id the
+        outbox holds is skipped), and write `checkpoint` with result = the text it returns;
+        commit, and return that text. The lease is checked before the body runs and held to
+        the commit. A body that raises rolls everything back and its exception propagates as
+        it is (an SQL error of the body is the body's, not StoreUnavailable). Raises LeaseLost
+        (nothing written), StoreUnavailable when the database fails."""
+
+    async def claim_outbox(
+        self, worker_id: str, now: float, claim_until: float, limit: int
+    ) -> list[OutboxMessage]:
+        """Take up to `limit` messages to send, soonest due first: pending ones due by `now`,
+        and sending ones whose claim expired or whose claimer's worker row is gone (their
+        send's outcome is unknown: `uncertain` grows by one and `in_doubt` is set). Each
+        becomes sending, claimed by `worker_id` until `claim_until` (next_at), with one more
+        attempt and claim. Two claimers never get the same message at once."""
+
+    async def settle_outbox(
+        self, message_id: str, claim: int, settlement: OutboxSettlement, now: float
+    ) -> bool:
+        """Record how the send of a claimed message ended (delivered, pending again at
+        settlement.next_at, or failed), if the message is still sending under this `claim`;
+        returns whether it was. A claim that expired and was taken again is not recorded."""
+
+    async def next_outbox_at(self) -> float | None:
+        """When the next message becomes claimable (0 for one whose claimer's worker row is
+        gone), or None when no message is pending or sending."""
+
+    async def list_outbox(
+        self,
+        *,
+        status: OutboxStatus | None = None,
+        run_id: str | None = None,
+        limit: int = 100,
+    ) -> list[OutboxMessage]:
+        """Messages, oldest first, filtered by status and run."""
+
+    async def retry_outbox(self, message_id: str, now: float) -> OutboxMessage | None:
+        """A failed message becomes pending, due now, with its attempts at 0 (after a fix
+        on the receiver's side); one in another status is left as it is. Returns the message
+        as stored after, None if there is no such message."""
+
+    # -- schedules (see schedule_rows) ----------------------------------------------------------
+
+    async def put_schedule(self, spec: ScheduleSpec, now: float) -> ScheduleRecord:
+        """Insert the schedule with its cursor (last_slot) at `now`, unless one has its name:
+        then store its definition (workflow, cron, tz, catch_up) and keep its cursor. Returns
+        the schedule as stored."""
+
+    async def advance_schedule(
+        self, name: str, cursor: float, slot: float, runs: Sequence[NewRun], now: float
+    ) -> bool:
+        """Compare-and-set the schedule's cursor: if it is still `cursor`, move it to `slot`
+        and insert `runs` (pending, each unless its id exists, as create_run without owner)
+        in the same transaction, and return True. Otherwise (another worker moved it first,
+        or the schedule is unknown) write nothing and return False."""
+
+    async def list_schedules(self) -> list[ScheduleRecord]:
+        """Every stored schedule, by name."""
+
+    # -- values and forks (see value_rows) ------------------------------------------------------
+
+    async def set_value(
+        self, lease: Lease, key: str, value: str, checkpoint: Checkpoint, now: float
+    ) -> int:
+        """Publish `value` (JSON) as the next version of (lease.run_id, key) (1 for its first)
+        and write `checkpoint` with the result {"key": key, "version": n} in the same
+        transaction; returns n. Raises LeaseLost if the lease is not held (nothing written)."""
+
+    async def get_value(self, run_id: str, key: str) -> ValueRecord | None:
+        """The latest (highest) version of the run's value `key`, or None."""
+
+    async def list_values(self, run_id: str) -> list[ValueRecord]:
+        """The latest version of each of the run's values, by key."""
+
+    async def fork_run(
+        self,
+        run: NewRun,
+        link: ForkRecord,
+        checkpoints: Sequence[Checkpoint],
+        events: Sequence[tuple[str, str]],
+        now: float,
+    ) -> tuple[RunRecord, bool]:
+        """Create run `run` as a fork of link.source_run_id, unless its id exists (then write
+        nothing and return (that run, False)). In one transaction: the run, pending (as
+        create_run without owner); `checkpoints` as its history; the source's value versions
+        set at the positions of those checkpoints; the source's mailbox events whose key does
+        not start with "tether:" and which none of those checkpoints consumed (in their
+        order); `events` (key, payload) appended to its mailbox after them; and the link.
+        Returns (the stored run, True)."""
+
+    async def get_fork(self, run_id: str) -> ForkRecord | None:
+        """The link of a run created by fork_run, or None for any other run."""
+
+    async def list_forks(self, source_run_id: str) -> list[ForkRecord]:
+        """The links of the runs forked from this one, oldest first."""
+
+    # -- retention and sizes (see retention_rows) -----------------------------------------------
+
+    async def purge_runs(
+        self, before: float, limit: int, after: Cursor = START, *, dry_run: bool = False
+    ) -> Purge:
+        """Delete, in one transaction, about `limit` rows of runs that ended (succeeded,
+        failed, cancelled, dead) before `before`, oldest first from after the cursor: each
+        run's checkpoints, events, stream entries, values, fork link (the one naming it as the
+        fork) and delivered or failed outbox messages, then the run row once nothing of it is
+        left. A run with more rows than `limit` takes several calls; its row goes last. Kept
+        whole: a run whose parent is unfinished, one with an unfinished child, and one with an
+        outbox message neither delivered nor failed. Approvals are not touched (purge_approvals).
+        With dry_run nothing is deleted and the counts are those of whole runs. Returns the rows
+        per table and the cursor of the next call (None: nothing more ended before `before`)."""
+
+    async def purge_streams(
+        self, before: float, limit: int, after: Cursor = START, *, dry_run: bool = False
+    ) -> Purge:
+        """Delete, in one transaction, up to about `limit` stream entries of runs that ended
+        before `before` (the runs themselves stay), oldest run first from after the cursor;
+        returns them per table and the cursor of the next call, as purge_runs does."""
+
+    async def purge_approvals(
+        self, before: float, limit: int, after: Cursor = START, *, dry_run: bool = False
+    ) -> Purge:
+        """Delete, in one transaction, up to about `limit` rows of approvals whose run is gone,
+        that are not pending and whose last change is older than `before`: their audit
+        entries, then the approval. Ordered by last change from after the cursor; returns the
+        rows per table and the cursor of the next call, as purge_runs does."""
+
+    async def compact(self, max_pages: int) -> int:
+        """Give up to `max_pages` free pages of the database back to the file system in one
+        short transaction (SQLite with auto_vacuum=incremental; the file shrinks at the next
+        WAL checkpoint). Returns the bytes given back: 0 where there is nothing to do or the
+        backend leaves it to the database (PostgreSQL's autovacuum, memory)."""
+
+    async def vacuum(self) -> int | None:
+        """Rebuild the database at its smallest (SQLite: VACUUM, which also turns on incremental
+        auto_vacuum, then a WAL checkpoint; PostgreSQL: VACUUM ANALYZE of Tether's tables, which
+        makes their free space reusable). Writers wait meanwhile. Returns the bytes the
+        database file shrank by, None where unknown."""
+
+    async def checkpoint_wal(self) -> WalState | None:
+        """SQLite: copy the write-ahead log into the database without waiting for anyone
+        (PASSIVE), then, if it is all copied and the -wal file is larger than the journal size
+        limit, truncate it unless a reader or writer is at work. None for backends without such
+        a log to look after (PostgreSQL, memory)."""
+
+    async def storage_sizes(self) -> StorageSizes:
+        """The database's size: files or whole database, and each Tether table's rows (exact
+        counts) and bytes with its indexes (where the backend can tell)."""
