@@ -3,7 +3,8 @@
 +3 days (tether.testing.FakeClock): every timer that fell due fires exactly once (the step after
 it runs once), timers not yet due do not fire, an approval whose expiry passed ends `expired`
 and not approved (a late decision is refused), one whose expiry did not pass stays pending.
-+2 hours while a step runs: the worker claims its own run again and keeps its one execution.
++2 hours while a step runs: the worker claims its own run again and keeps its one execution;
+leases passed again and again under stepping runs leave none stuck.
 
 -1 hour (a clock of this module that also moves back, as a system clock stepped by NTP does):
 no timer fires twice and none early, no completed step runs again, and no lease is extended
@@ -28,6 +29,7 @@ from typing import Any
 
 import pytest
 from tests.faults import figures
+from tests.postgres_server import with_schema
 
 import tether
 from tether.store.base import CheckpointStatus, RunStatus
@@ -347,3 +349,38 @@ async def test_hours_forward_during_a_step_keep_one_execution_of_it(tmp_path: Pa
     assert run.status is tether.RunStatus.SUCCEEDED
     figures.record("clock +2 hours mid-step: steps run twice (must be 0)", bodies["hold"] - 1)
     assert bodies == Counter({"hold": 1, "after": 1})
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_leases_expiring_again_and_again_under_stepping_runs_leave_none_stuck(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The clock jumps past the lease over and over while 20 runs step: the worker claims its
+    own runs again and again, and a write already on its way under the old epoch is fenced
+    off after the worker adopted the new one. That execution stops; the worker, which still
+    holds the run, starts a new one at once. No run may be left `running` with nobody
+    executing it (until its lease would run out, which this clock never lets happen)."""
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path / 'tether.db'}"
+    else:
+        url = with_schema(request.getfixturevalue("postgres_url"), f"t_jumps_{tmp_path.name[-8:]}")
+    clock = FakeClock(T0)
+    app = tether.App(url, clock=clock, lease_duration=timedelta(seconds=10))
+    app.engine.settings = dataclasses.replace(app.engine.settings, poll_interval=0.005)
+
+    @app.step()
+    async def tick(i: int) -> int:
+        await asyncio.sleep(0.0005)
+        return i
+
+    @app.workflow()
+    async def stepper(n: int) -> int:
+        return sum([await tick(i) for i in range(n)])
+
+    async with app:
+        handles = [await app.start(stepper, 40) for _ in range(20)]
+        for _ in range(60):
+            clock.advance(11)  # past every lease
+            await asyncio.sleep(0.003)
+        results = await asyncio.wait_for(asyncio.gather(*(h.result() for h in handles)), 30)
+    assert results == [sum(range(40))] * 20

@@ -66,6 +66,8 @@ class Runner:
         self.failure: BaseException | None = None  # what failed the run, if it failed
         self.progressed = False  # this execution wrote a checkpoint
         self.ctx: RunContext | None = None  # the workflow's context while it executes
+        self.adopted = False  # its worker claimed the run again and it went on (adopt)
+        self.lost: LeaseLost | None = None  # a write of this execution was fenced off
 
     def request_cancel(self) -> None:
         """End the run as cancelled: the workflow (and the step it awaits) sees CancelledError."""
@@ -78,6 +80,7 @@ class Runner:
         lease looked expired (its clock jumped past it, or heartbeats were late). The run keeps
         this one execution, its writes fenced by the new epoch, instead of a second beside it."""
         self.lease = lease
+        self.adopted = True
         if self.ctx is not None:
             self.ctx.lease = lease
 
@@ -97,7 +100,7 @@ class Runner:
         try:
             await self._run()
         except LeaseLost as exc:
-            stopped = exc
+            stopped = self.lost = exc
             log.warning("%s", exc)
         except asyncio.CancelledError as exc:
             stopped = exc

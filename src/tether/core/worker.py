@@ -134,6 +134,16 @@ class Worker:
     def _finished(self, run_id: str, runner: Runner) -> None:
         if self.runners.get(run_id) is runner:
             del self.runners[run_id]
+            if (
+                runner.lost is not None
+                and runner.adopted
+                and not (self._stopped or runner.stopping)
+            ):
+                # A write made under the old epoch while the run was claimed again was fenced
+                # off after the adoption: this worker still holds the run (new epoch), so a new
+                # execution replays it now instead of leaving it until the lease runs out.
+                self.launch(dataclasses.replace(runner.record, epoch=runner.lease.epoch))
+                return
         # Look again only when a claim may have been cut short by capacity, or a released run
         # may be due before the claim loop's next look.
         if runner.suspended or self.capacity() == 1 or runner.record.queue in self.engine.queues:
