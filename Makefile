@@ -39,8 +39,8 @@ bench: install
 	$(BIN)/python bench/approvals.py
 	$(BIN)/python bench/streams.py
 	$(BIN)/python bench/langgraph.py
-	$(BIN)/python bench/transactions.py
-	$(BIN)/python bench/retention.py
+	$(BIN)/python -m bench.transactions
+	$(BIN)/python -m bench.retention
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -6,7 +6,7 @@ commit rate of the same database measured in the same run. Prints only; asserts 
 The finished runs are written with bulk SQL inserts (as Tether's schema stores them), not run
 through the engine: a million steps that way would take the better part of an hour.
 
-    python bench/retention.py [--quick] [--json] [--postgres postgresql://.../db]
+    python -m bench.retention [--quick] [--json] [--postgres postgresql://.../db]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import tether
+from bench.engine import raw_commit_rate
 from tether.retention import Retention, collect
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,22 +31,6 @@ STEPS_PER_RUN = 10
 LIVE_RUNS = 20  # runs executing steps at once while the sweep deletes
 DAY = 86400.0
 STOP: list[bool] = []  # not empty: the live runs end (after the sweep)
-
-
-def raw_commit_rate(folder: Path, n: int) -> float:
-    """One-row INSERT + COMMIT per transaction, WAL and synchronous=FULL: the disk's bound."""
-    conn = sqlite3.connect(folder / "raw.db", isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
-    start = time.perf_counter()
-    for i in range(n):
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO t (v) VALUES (?)", (str(i),))
-        conn.execute("COMMIT")
-    elapsed = time.perf_counter() - start
-    conn.close()
-    return n / elapsed
 
 
 def raw_postgres_rate(url: str, n: int) -> float:

@@ -4,7 +4,7 @@ after another and many runs at once (group commit), and the outbox's delivery ra
 against the disk's raw commit rate measured in the same run. The modes are measured in turns,
 several rounds, best round kept (a shared machine is noisy). Prints only; asserts no time.
 
-    python bench/transactions.py [--quick] [--json]
+    python -m bench.transactions [--quick] [--json]
 """
 
 from __future__ import annotations
@@ -12,32 +12,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sqlite3
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import tether
+from bench.engine import raw_commit_rate
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = 10  # steps per run
-
-
-def raw_commit_rate(folder: Path, n: int) -> float:
-    """One-row INSERT + COMMIT per transaction, WAL and synchronous=FULL: the disk's bound."""
-    conn = sqlite3.connect(folder / "raw.db", isolation_level=None)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)")
-    start = time.perf_counter()
-    for i in range(n):
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("INSERT INTO t (v) VALUES (?)", (str(i),))
-        conn.execute("COMMIT")
-    elapsed = time.perf_counter() - start
-    conn.close()
-    return n / elapsed
 
 
 Made = tuple[tether.App, tether.Workflow[[int], int], tether.Workflow[[], None]]

@@ -18,9 +18,9 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from tether.clock import to_datetime
 from tether.core.engine import Engine
-from tether.core.start import check_run_id, create_run, new_run_id
+from tether.core.start import check_run_id, check_same_run, create_run, new_run_id
 from tether.core.workflow import Workflow
-from tether.errors import ConfigurationError, IdempotencyConflict
+from tether.errors import ConfigurationError
 from tether.store.base import NewRun, RunRecord
 from tether.store.schedule_rows import CATCH_UP, ScheduleSpec
 
@@ -289,14 +289,7 @@ async def create_later(
         if engine.worker is not None:
             engine.worker.notify()  # its claim loop looks at the new wake-up time
         return record
-    same = record.workflow == wf.name and (
-        record.args == text or engine.serde.loads(record.args) == engine.serde.loads(text)
-    )
-    if not same:
-        raise IdempotencyConflict(
-            f"run {run_id!r} exists as {record.workflow}({record.args[:200]}), not "
-            f"{wf.name}({text[:200]}); start with a new id or the same arguments"
-        )
+    check_same_run(engine, record, wf, text)
     return record
 
 

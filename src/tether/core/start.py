@@ -61,14 +61,7 @@ async def create_run(
         lease_until=now + engine.settings.lease_duration if worker else None,
     )  # fmt: skip
     if not created:
-        same = record.workflow == wf.name and (
-            record.args == text or engine.serde.loads(record.args) == engine.serde.loads(text)
-        )
-        if not same:
-            raise IdempotencyConflict(
-                f"run {run_id!r} exists as {record.workflow}({record.args[:200]}), not "
-                f"{wf.name}({text[:200]}); start with a new id or the same arguments"
-            )
+        check_same_run(engine, record, wf, text)
     elif worker is not None:
         worker.launch(record, history=[])
     elif engine.worker is not None:
@@ -136,3 +129,16 @@ async def call_child(wf: Workflow[..., R], args: tuple[Any, ...], kwargs: dict[s
     """`await some_workflow(...)` inside a workflow: start it as a child and wait for it."""
     handle = await _start(current_run(wf.name), wf, args, kwargs, None)
     return await handle.result()
+
+
+def check_same_run(engine: Engine, record: RunRecord, wf: Workflow[..., Any], text: str) -> None:
+    """A start found run `record` under its id: it must be of the same workflow with the same
+    arguments (JSON `text`), else IdempotencyConflict."""
+    same = record.workflow == wf.name and (
+        record.args == text or engine.serde.loads(record.args) == engine.serde.loads(text)
+    )
+    if not same:
+        raise IdempotencyConflict(
+            f"run {record.id!r} exists as {record.workflow}({record.args[:200]}), not "
+            f"{wf.name}({text[:200]}); start with a new id or the same arguments"
+        )
