@@ -68,6 +68,7 @@ class Runner:
         self.ctx: RunContext | None = None  # the workflow's context while it executes
         self.adopted = False  # its worker claimed the run again and it went on (adopt)
         self.lost: LeaseLost | None = None  # a write of this execution was fenced off
+        self.releasing = False  # it is giving the run back (finish, suspend): leases go with it
 
     def request_cancel(self) -> None:
         """End the run as cancelled: the workflow (and the step it awaits) sees CancelledError."""
@@ -175,6 +176,7 @@ class Runner:
             lease, wake_on = self.lease, failure.wake_on
 
             async def suspend() -> None:
+                self.releasing = True
                 await engine.store.suspend_run(lease, wake_at, engine.clock.now(), wake_on)
 
             await retry_store(engine, suspend, self._read_back(RunStatus.WAITING))
@@ -280,6 +282,7 @@ class Runner:
                       failures, self.record.id, exc_info=exc)  # fmt: skip
 
         async def record() -> None:
+            self.releasing = True
             await engine.store.fail_execution(lease, error, failures, retry_at, now)
 
         async def read_back() -> object:
@@ -316,6 +319,7 @@ class Runner:
         now = self.engine.clock.now()
 
         async def finish() -> None:
+            self.releasing = True
             await self.engine.store.finish_run(self.lease, status, result, error, now)
 
         await retry_store(self.engine, finish, self._read_back(status))

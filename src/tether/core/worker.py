@@ -223,7 +223,8 @@ class Worker:
                 )
                 for run_id in reply.lost:
                     runner = self.runners.get(run_id)
-                    if runner is not None:
+                    # A run its execution is giving back is not lost: its lease goes with it.
+                    if runner is not None and not runner.releasing:
                         log.warning("lost the lease on run %r; stopped executing it", run_id)
                         runner.stop()
                 for run_id in reply.cancel:
