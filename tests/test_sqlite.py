@@ -4,9 +4,11 @@ without blocking the event loop."""
 from __future__ import annotations
 
 import asyncio
+import multiprocessing
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,3 +107,33 @@ def test_durability_defaults_to_wal_and_synchronous_full(tmp_path: Path) -> None
 def test_a_bad_database_url_is_refused_with_what_to_write(url: str, message: str) -> None:
     with pytest.raises(tether.ConfigurationError, match=message):
         tether.App(url)
+
+
+def _open_at_the_barrier(path: str, barrier: Any) -> None:
+    async def go() -> None:
+        store = SqliteStore(f"sqlite:///{path}")
+        barrier.wait()
+        await store.open()
+        await store.close()
+
+    asyncio.run(go())
+
+
+def test_processes_opening_one_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    """Four processes open a database file that does not exist yet, at the same moment, ten
+    times: one creates the schema while the others wait for it. None may fail with "database
+    is locked" (a setting that needs the write lock was once set on a connection that never
+    waits for it)."""
+    context = multiprocessing.get_context("fork")
+    failed = 0
+    for round_ in range(10):
+        path = str(tmp_path / f"new-{round_}.db")
+        barrier = context.Barrier(4)
+        workers = [context.Process(target=_open_at_the_barrier, args=(path, barrier))
+                   for _ in range(4)]  # fmt: skip
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(60)
+        failed += sum(worker.exitcode != 0 for worker in workers)
+    assert failed == 0

@@ -96,13 +96,16 @@ class CommitQueue:
         self._queued = 0  # operations handed to the thread and not yet done
         self._data_version: int | None = None
 
-    def _connect(self, busy_timeout: float) -> sqlite3.Connection:
+    def _connect(self, busy_timeout: float, *, setup: bool = False) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
         )
-        # Before journal_mode (which writes the file's first page): a new database frees
-        # pages incrementally (retention compacts it); an existing one keeps its mode.
-        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        if setup:
+            # Before journal_mode (which writes the file's first page): a new database frees
+            # pages incrementally (retention compacts it); an existing one keeps its mode.
+            # Only here, where a busy timeout applies: the pragma may wait for another
+            # process's write lock, which the inline connection never waits for.
+            conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         # A -wal file that a long reader made grow is cut back to this size once it is
@@ -115,7 +118,7 @@ class CommitQueue:
             return
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         try:
-            conn = self._connect(self._busy_timeout)
+            conn = self._connect(self._busy_timeout, setup=True)
             self._migrate(conn)
             self._inline = self._connect(0)
         except sqlite3.Error as exc:
