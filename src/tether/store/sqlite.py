@@ -13,21 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tether import faults
-from tether.errors import ApprovalNotFound, LeaseLost, RunNotFound
-from tether.store.approval_rows import (
-    ApprovalChange,
-    ApprovalRecord,
-    AuditEntry,
-    ChangeFn,
-    Note,
-    apply_change,
-    approval_from_row,
-    approval_key,
-    approval_to_row,
-    audit_from_row,
-    cancel_on_run_end,
-    chain,
-)
+from tether.errors import RunNotFound
 from tether.store.base import (
     Checkpoint,
     EventRef,
@@ -46,12 +32,17 @@ from tether.store.base import (
     store_stats,
 )
 from tether.store.rows import (
-    audit_to_row,
     checkpoint_from_row,
     load_sql,
     run_from_row,
     worker_from_row,
     worker_workflows,
+)
+from tether.store.sqlite_approvals import (
+    SqliteApprovals,
+    close_approvals,
+    deliver_event,
+    lease_lost,
 )
 from tether.store.sqlite_commit import CommitQueue, parse_sqlite_url
 from tether.store.sqlite_outbox import SqliteOutbox
@@ -65,19 +56,14 @@ _Q, _MIGRATIONS = load_sql("sqlite")
 _UPSERT_CHECKPOINT = _Q["upsert_checkpoint"]
 
 
-def _lease_lost(conn: sqlite3.Connection, lease: Lease) -> LeaseLost:
-    row = conn.execute(
-        "SELECT owner, epoch, status FROM tether_runs WHERE id = ?", (lease.run_id,)
-    ).fetchone()
-    now = "is gone" if row is None else f"is {row[2]}, owner {row[0]!r}, epoch {row[1]}"
-    return LeaseLost(
-        f"worker {lease.worker_id!r} lost run {lease.run_id!r} (it held epoch {lease.epoch}; "
-        f"the run {now}); this worker stops executing it"
-    )
-
-
 class SqliteStore(
-    SqliteUsers, SqliteStreams, SqliteOutbox, SqliteSchedules, SqliteValues, SqliteRetention
+    SqliteApprovals,
+    SqliteUsers,
+    SqliteStreams,
+    SqliteOutbox,
+    SqliteSchedules,
+    SqliteValues,
+    SqliteRetention,
 ):
     """Store on one SQLite file; several processes may share the file."""
 
@@ -311,7 +297,7 @@ class SqliteStore(
 
         def op(c: sqlite3.Connection) -> None:
             if c.execute(_UPSERT_CHECKPOINT, args).rowcount != 1:
-                raise _lease_lost(c, lease)
+                raise lease_lost(c, lease)
 
         label = f"write_checkpoint:{cp.name}:{cp.status.value}" if faults.ENABLED else ""
         await self._db.submit(op, write=True, label=label)
@@ -323,7 +309,7 @@ class SqliteStore(
 
         def op(c: sqlite3.Connection) -> None:
             if c.execute(_Q[query], args).rowcount != 1:
-                raise _lease_lost(c, lease)
+                raise lease_lost(c, lease)
 
         return op
 
@@ -364,7 +350,7 @@ class SqliteStore(
         def op(c: sqlite3.Connection) -> None:
             row = c.execute(_Q["finish_run"], args).fetchone()
             if row is None:
-                raise _lease_lost(c, lease)
+                raise lease_lost(c, lease)
             _ended(c, lease.run_id, row[0], status, result, error, now)
 
         return op
@@ -418,13 +404,13 @@ class SqliteStore(
                 if c.execute(_Q["cancel_unowned"], args).rowcount == 0:
                     c.execute(_Q["cancel_owned"], args)
                 else:
-                    _close_approvals(c, current, RunStatus.CANCELLED, now)
+                    close_approvals(c, current, RunStatus.CANCELLED, now)
                     parent = c.execute(
                         "SELECT parent_id FROM tether_runs WHERE id = ?", (current,)
                     ).fetchone()[0]
                     if parent is not None:
                         outcome = child_outcome(RunStatus.CANCELLED, None, error)
-                        _deliver_event(c, parent, child_key(current), outcome, now)
+                        deliver_event(c, parent, child_key(current), outcome, now)
                 todo += [r[0] for r in c.execute(_Q["children"], {"id": current})]
             return run_from_row(c.execute(_Q["get_run"], {"id": run_id}).fetchone())
 
@@ -460,7 +446,7 @@ class SqliteStore(
                 raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
             record = run_from_row(row)
             if not record.status.terminal:
-                _deliver_event(c, run_id, key, payload, now)
+                deliver_event(c, run_id, key, payload, now)
             return record
 
         return await self._db.submit(op, write=True, label=f"deliver_event:{key}", multi=True)
@@ -479,7 +465,7 @@ class SqliteStore(
 
         def op(c: sqlite3.Connection) -> str | None:
             if c.execute(_Q["lease_held"], fence).fetchone() is None:
-                raise _lease_lost(c, lease)
+                raise lease_lost(c, lease)
             row = c.execute(_Q["oldest_event"], query).fetchone()
             if row is None:
                 return None
@@ -517,73 +503,6 @@ class SqliteStore(
 
         return await self._db.submit(op, write=False)
 
-    # -- approvals --------------------------------------------------------------------------
-
-    async def create_approval(
-        self, lease: Lease, record: ApprovalRecord, now: float
-    ) -> tuple[ApprovalRecord, bool]:
-        fence = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch}
-        stored, entries = chain(record, [Note("created", None, {"title": record.title})], now)
-
-        def op(c: sqlite3.Connection) -> tuple[ApprovalRecord, bool]:
-            if c.execute(_Q["lease_held"], fence).fetchone() is None:
-                raise _lease_lost(c, lease)
-            if c.execute(_Q["insert_approval"], approval_to_row(stored)).rowcount == 0:
-                row = c.execute(_Q["get_approval"], {"id": record.id}).fetchone()
-                return approval_from_row(row), False
-            c.executemany(_Q["insert_audit"], [audit_to_row(e) for e in entries])
-            return stored, True
-
-        label = f"create_approval:{record.id}"
-        return await self._db.submit(op, write=True, label=label, multi=True)
-
-    async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
-        def op(c: sqlite3.Connection) -> ApprovalRecord | None:
-            row = c.execute(_Q["get_approval"], {"id": approval_id}).fetchone()
-            return None if row is None else approval_from_row(row)
-
-        return await self._db.submit(op, write=False)
-
-    async def list_approvals(
-        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
-    ) -> list[ApprovalRecord]:
-        args = {"status": status, "run_id": run_id, "limit": max(0, limit)}
-        return await self._db.submit(
-            lambda c: [approval_from_row(r) for r in c.execute(_Q["list_approvals"], args)],
-            write=False,
-        )
-
-    async def change_approval(
-        self, approval_id: str, change: ChangeFn, now: float
-    ) -> tuple[ApprovalRecord, ApprovalChange]:
-        # A multi-statement write runs in BEGIN IMMEDIATE (sqlite_commit): the write lock is
-        # held from the first read, so no other process changes the row between read and write.
-        def op(c: sqlite3.Connection) -> tuple[ApprovalRecord, ApprovalChange]:
-            row = c.execute(_Q["get_approval"], {"id": approval_id}).fetchone()
-            if row is None:
-                raise ApprovalNotFound(
-                    f"no approval has id {approval_id!r}; list them with `tether approvals list`"
-                )
-            record = approval_from_row(row)
-            found = c.execute(_Q["run_status"], {"id": record.run_id}).fetchone()
-            run_status = None if found is None else RunStatus(found[0])
-            outcome = change(record, None if run_status is None else run_status.value, now)
-            stored = _save_approval(c, apply_change(record, outcome, now))
-            if outcome.event is not None and run_status is not None and not run_status.terminal:
-                _deliver_event(c, record.run_id, approval_key(approval_id), outcome.event, now)
-            return stored, outcome
-
-        label = f"change_approval:{approval_id}"
-        return await self._db.submit(op, write=True, label=label, multi=True)
-
-    async def approval_audit(self, approval_id: str) -> list[AuditEntry]:
-        return await self._db.submit(
-            lambda c: [
-                audit_from_row(r) for r in c.execute(_Q["approval_audit"], {"id": approval_id})
-            ],
-            write=False,
-        )
-
 
 def _ended(
     c: sqlite3.Connection,
@@ -596,29 +515,6 @@ def _ended(
 ) -> None:
     """What ending a run does beside its row, in its transaction: its pending approvals are
     cancelled, and its parent is told."""
-    _close_approvals(c, run_id, status, now)
+    close_approvals(c, run_id, status, now)
     if parent_id is not None:
-        _deliver_event(c, parent_id, child_key(run_id), child_outcome(status, result, error), now)
-
-
-def _deliver_event(c: sqlite3.Connection, run_id: str, key: str, payload: str, now: float) -> None:
-    args = {"run_id": run_id, "key": key, "payload": payload, "now": now}
-    c.execute(_Q["insert_event"], args)
-    c.execute(_Q["wake_for_event"], args)
-
-
-def _save_approval(
-    c: sqlite3.Connection, saved: tuple[ApprovalRecord, list[AuditEntry]]
-) -> ApprovalRecord:
-    """Write a changed approval's row and append its new audit entries."""
-    record, entries = saved
-    c.execute(_Q["update_approval"], approval_to_row(record))
-    c.executemany(_Q["insert_audit"], [audit_to_row(e) for e in entries])
-    return record
-
-
-def _close_approvals(c: sqlite3.Connection, run_id: str, status: RunStatus, now: float) -> None:
-    """Cancel the pending approvals of a run that ended, in its transaction."""
-    for row in c.execute(_Q["pending_approvals"], {"run_id": run_id}).fetchall():
-        record = approval_from_row(row)
-        _save_approval(c, apply_change(record, cancel_on_run_end(record, status.value, now), now))
+        deliver_event(c, parent_id, child_key(run_id), child_outcome(status, result, error), now)
