@@ -181,12 +181,12 @@ class ApswCommitQueue(CommitQueue):
         super().__init__(path, synchronous, MIGRATIONS)
         self.vfs, self.tracker = vfs, tracker
 
-    def _connect(self, busy_timeout: float) -> sqlite3.Connection:
+    def _connect(self, busy_timeout: float, *, setup: bool = False) -> sqlite3.Connection:
         def connect(path: str, *, timeout: float = 5.0, **_: object) -> ApswConnection:
             return ApswConnection(path, self.vfs, self.tracker, timeout)
 
         with mock.patch.object(sqlite_commit.sqlite3, "connect", connect):
-            return super()._connect(busy_timeout)
+            return super()._connect(busy_timeout, setup=setup)
 
 
 def apsw_store(path: Path, synchronous: str, vfs: RecordingVFS, tracker: Tracker) -> SqliteStore:
