@@ -14,6 +14,7 @@ import contextlib
 import queue
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,21 +98,43 @@ class CommitQueue:
         self._data_version: int | None = None
 
     def _connect(self, busy_timeout: float, *, setup: bool = False) -> sqlite3.Connection:
+        # Processes opening a new file at once race to set it up: SQLite answers "locked" at
+        # once, without waiting, where waiting could deadlock (two connections both wanting
+        # to switch the file to WAL). Such a connection tries again, within the busy timeout.
+        deadline = time.monotonic() + self._busy_timeout
+        while True:
+            try:
+                return self._configure(busy_timeout, setup)
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+    def _configure(self, busy_timeout: float, setup: bool) -> sqlite3.Connection:
+        # The settings below may wait for another process's lock (one creating the file):
+        # they always get the store's busy timeout; `busy_timeout` applies from then on
+        # (0 for the inline connection, which hands busy work to the writer thread).
         conn = sqlite3.connect(
-            self.path, isolation_level=None, check_same_thread=False, timeout=busy_timeout
+            self.path, isolation_level=None, check_same_thread=False, timeout=self._busy_timeout
         )
+        try:
+            self._settings(conn, busy_timeout, setup)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _settings(self, conn: sqlite3.Connection, busy_timeout: float, setup: bool) -> None:
         if setup:
             # Before journal_mode (which writes the file's first page): a new database frees
             # pages incrementally (retention compacts it); an existing one keeps its mode.
-            # Only here, where a busy timeout applies: the pragma may wait for another
-            # process's write lock, which the inline connection never waits for.
             conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={self.synchronous}")
         # A -wal file that a long reader made grow is cut back to this size once it is
         # checkpointed and written again (docs/retention.md).
         conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT}")
-        return conn
+        conn.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
 
     async def open(self) -> None:
         if self._thread is not None:
