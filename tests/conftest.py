@@ -1,5 +1,6 @@
-"""Shared fixtures: an App on every backend, in normal and in forced-replay mode, and a
-throwaway PostgreSQL server for the session."""
+"""Shared fixtures: an App on every backend, in normal and in forced-replay mode, a `store`
+once per backend (the contract tests' and the store-level tests'), and a throwaway PostgreSQL
+server for the session."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from tests.postgres_server import postgres_server, with_schema
 
 import tether
+from tether.store import store_from_url
 from tether.store.base import Store
 from tether.store.memory import MemoryStore
 from tether.store.postgres import PostgresStore
@@ -87,3 +89,21 @@ async def make_app(
     yield make
     for app in made:
         await app.close()
+
+
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
+async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
+    """An open Store, once per backend (PostgreSQL in a schema of its own)."""
+    backend: Store
+    if request.param == "memory":
+        backend = MemoryStore()
+    elif request.param == "sqlite":
+        backend = store_from_url(f"sqlite:///{tmp_path}/store.db")
+    else:
+        url = request.getfixturevalue("postgres_url")
+        backend = store_from_url(with_schema(url, f"t_{uuid.uuid4().hex[:12]}"))
+    await backend.open()
+    try:
+        yield backend
+    finally:
+        await backend.close()

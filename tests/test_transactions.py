@@ -11,7 +11,7 @@ import dataclasses
 import sqlite3
 import threading
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -329,22 +329,6 @@ async def test_a_full_disk_in_a_body_is_a_database_outage_not_the_steps_error(
 
 
 # -- leases ---------------------------------------------------------------------------------------
-
-
-@pytest.fixture(params=["memory", "sqlite", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Store]:
-    if request.param == "memory":
-        backend: Store = MemoryStore()
-    elif request.param == "sqlite":
-        backend = store_from_url(f"sqlite:///{tmp_path}/t.db")
-    else:
-        url = request.getfixturevalue("postgres_url")
-        backend = store_from_url(with_schema(url, f"t_{uuid.uuid4().hex[:12]}"))
-    await backend.open()
-    try:
-        yield backend
-    finally:
-        await backend.close()
 
 
 async def test_a_stale_lease_commits_nothing(store: Store) -> None:
