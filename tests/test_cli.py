@@ -635,4 +635,4 @@ def test_a_failed_run_is_resumed_from_the_command_line(tmp_path: Path) -> None:
     assert asyncio.run(finish()) == "ok"
     again = invoke("runs", "--database", url, "resume", "r1")
     assert again.exit_code == 1
-    assert "only a failed or dead run can be resumed" in again.output
+    assert "only a failed, dead or held run can be resumed" in again.output

@@ -878,7 +878,7 @@ async def test_a_failed_run_resumes_after_a_fix_and_only_the_failed_step_runs_ag
         resumed = await app.resume("resumable")
         assert await resumed.result(timeout=10) == 21
         with pytest.raises(
-            tether.ConfigurationError, match="is succeeded; only a failed or dead run"
+            tether.ConfigurationError, match="is succeeded; only a failed, dead or held run"
         ):
             await app.resume("resumable")
         with pytest.raises(tether.RunNotFound):

@@ -637,4 +637,4 @@ def test_runs_resume_continues_a_dead_run_after_a_fix_without_redoing_its_steps(
     assert bad.code.RUNS == {"load": 0, "compute": 0}
     again = good("resume", "d1")
     assert again.exit_code == 1
-    assert "only a failed or dead run can be resumed" in again.output
+    assert "only a failed, dead or held run can be resumed" in again.output

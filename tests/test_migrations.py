@@ -21,7 +21,7 @@ EXPECTED_SQLITE_TABLES = {
     "tether_approvals", "tether_approval_audit", "tether_stream_entries",
     "tether_outbox", "tether_schedules", "tether_values", "tether_forks",
 }  # fmt: skip
-SQLITE_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]
+SQLITE_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
 
 
 async def test_a_database_made_by_the_first_migration_upgrades_and_keeps_its_runs(

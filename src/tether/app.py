@@ -23,6 +23,7 @@ from tether.clock import Clock, SystemClock
 from tether.core.engine import Engine, Settings
 from tether.core.handle import RunHandle, RunInfo
 from tether.core.replay import ReplayOutcome, replay
+from tether.core.resume import resume
 from tether.core.retry import Retry
 from tether.core.start import check_run_id, create_run, new_run_id
 from tether.core.step import Step
@@ -373,29 +374,15 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         self.engine.wake(run_id)
 
     async def resume(self, run_id: str) -> RunHandle[Any]:
-        """Give a failed or dead run another go once its cause is fixed: completed steps
-        replay from their checkpoints, each step whose failure ended the run gets one more
-        attempt under the current code, and a dead run's count of failed executions starts
-        over. Its workflow's timeout counts again from now. Raises RunNotFound, ConfigurationError
-        unless the run failed or is dead, and DuplicateRun if an unfinished run of its queue
-        now holds its dedup key."""
+        """Give a failed, dead or held run another go once its cause is fixed: completed steps
+        replay from their checkpoints, the step whose failure ended the run gets one more
+        attempt under the current code (failures the workflow caught stay as recorded), a
+        dead run's count of failed executions starts over, and a held run is tried again at
+        once. Its workflow's timeout counts again from now. Raises RunNotFound,
+        ConfigurationError unless the run failed, is dead or held, and DuplicateRun if an
+        unfinished run of its queue now holds its dedup key."""
         await self.open()
-        store, now = self.engine.store, self.engine.clock.now()
-        before = await store.get_run(run_id)
-        if before is None:
-            raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
-        wf = self.engine.workflows.get(before.workflow)
-        if wf is not None:
-            deadline = None if wf.timeout is None else now + wf.timeout.total_seconds()
-        elif before.deadline_at is None:
-            deadline = None
-        else:  # its code is not loaded here (`tether runs resume --database`): the same span
-            deadline = now + max(before.deadline_at - before.created_at, 0.0)
-        record = await store.resume_run(run_id, now, deadline)
-        if record.status is not RunStatus.PENDING:
-            raise ConfigurationError(
-                f"run {run_id!r} is {record.status.value}; only a failed or dead run can be resumed"
-            )
+        await resume(self.engine, run_id)
         if self.engine.worker is not None:
             self.engine.worker.notify()
         return self._handle(run_id)

@@ -21,6 +21,7 @@ from tests.contract.test_store_contract import (
     get,
     lease_of,
     new,
+    stored,
     wait_checkpoint,
 )
 
@@ -151,7 +152,7 @@ async def test_resume_run_makes_a_dead_run_pending_with_no_failures(store: Store
     resumed = await store.resume_run("r1", NOW + 5, None)
     assert (resumed.status, resumed.error, resumed.failures) == (RunStatus.PENDING, None, 0)
     assert (resumed.finished_at, resumed.owner, resumed.updated_at) == (None, None, NOW + 5)
-    assert await store.load_history("r1") == [checkpoint(0, "fetch")]  # completed: replays
+    assert await store.load_history("r1") == [stored(checkpoint(0, "fetch"), lease)]  # replays
     again = await claim_one(store, now=NOW + 6)
     assert (again.id, again.epoch, again.failures) == ("r1", 2, 0)
 

@@ -38,18 +38,21 @@ async def test_stats_count_runs_by_status(store: Store) -> None:
     await store.create_run(new("done"), NOW + 4, owner="w9", lease_until=NOW + 30)
     done = await get(store, "done")
     await store.finish_run(lease_of(done), RunStatus.SUCCEEDED, "1", None, NOW + 5)
+    await store.create_run(new("h1"), NOW + 5, owner="w9", lease_until=NOW + 30)
+    await store.hold_run(lease_of(await get(store, "h1")), '{"type": "x"}', 1, NOW + 60, NOW + 5)
 
     stats = await store.stats()
     assert dict(stats.runs) == {
         RunStatus.PENDING: 1,  # s1
         RunStatus.RUNNING: 1,  # p1
         RunStatus.WAITING: 1,  # p2
+        RunStatus.HELD: 1,  # h1
         RunStatus.SUCCEEDED: 1,
         RunStatus.FAILED: 1,
         RunStatus.CANCELLED: 1,
         RunStatus.DEAD: 1,  # p3
     }
-    assert sum(stats.runs.values()) == len(await store.list_runs(limit=100)) == 7
+    assert sum(stats.runs.values()) == len(await store.list_runs(limit=100)) == 8
 
 
 async def test_stats_count_pending_approvals_and_the_oldest_creation_time(store: Store) -> None:

@@ -52,6 +52,11 @@ def checkpoint(seq: int, name: str = "step", result: str | None = "1") -> Checkp
     )
 
 
+def stored(cp: Checkpoint, lease: Lease) -> Checkpoint:
+    """A checkpoint as load_history gives it back: with its position, under its writer's lease."""
+    return dataclasses.replace(cp, position=cp.at, owner=lease.worker_id, epoch=lease.epoch)
+
+
 async def claim_one(store: Store, worker: str = "w1", now: float = NOW) -> RunRecord:
     claimed = await store.claim_runs(worker, [WF], now, now + LEASE, 1)
     assert len(claimed) == 1
@@ -298,7 +303,8 @@ async def test_write_checkpoint_replaces_at_the_same_seq_and_history_is_ordered_
     )
     await store.write_checkpoint(lease, done, NOW + 3)
     history = await store.load_history("r1")
-    assert history == [checkpoint(0, "a", '"a"'), done, checkpoint(2, "b", '"b"')]
+    assert history == [stored(c, lease) for c in (checkpoint(0, "a", '"a"'), done,
+                                                  checkpoint(2, "b", '"b"'))]  # fmt: skip
     # The hot path writes one row: checkpoints carry their own times, the run row is untouched.
     assert (await get(store, "r1")).updated_at == claimed_at
 
@@ -318,9 +324,22 @@ async def test_checkpoints_keep_every_field_including_errors_and_retry_time(
         started_at=NOW + 1.5,
         finished_at=NOW + 1.75,
         retry_at=NOW + 9.25,
+        position="2/0/5",
+        digest="0f" * 16,
+        args='{"args":["x"],"kwargs":{}}',
     )
     await store.write_checkpoint(lease, retrying, NOW + 2)
-    assert await store.load_history("r1") == [retrying]
+    [back] = await store.load_history("r1")
+    assert back == stored(retrying, lease)
+    assert (back.owner, back.epoch) == ("w1", 1)  # the lease it was written under
+
+
+async def test_a_checkpoint_written_without_a_position_reads_back_at_its_seq(store: Store) -> None:
+    await store.create_run(new("r1"), NOW)
+    lease = lease_of(await claim_one(store, "w1"))
+    await store.write_checkpoint(lease, checkpoint(7, "old"), NOW + 1)
+    [back] = await store.load_history("r1")
+    assert back.position == "7"  # rows recorded before positions: the workflow's own task
 
 
 async def test_history_belongs_to_one_run_and_is_empty_for_an_unknown_run(store: Store) -> None:
@@ -417,9 +436,28 @@ async def test_heartbeat_reports_cancel_requests_for_runs_it_holds(store: Store)
 
 async def test_heartbeat_refreshes_the_worker_row(store: Store) -> None:
     await store.register_worker(WorkerInfo(id="w1", host="h", pid=1, pid_token="t"), NOW)
-    await store.heartbeat("w1", [], NOW + 60, NOW + 10)
+    reply = await store.heartbeat("w1", [], NOW + 60, NOW + 10)
     (worker,) = await store.list_workers()
     assert (worker.started_at, worker.heartbeat_at) == (NOW, NOW + 10)
+    assert reply.unknown is False
+
+
+async def test_heartbeat_of_a_worker_whose_row_is_gone_says_so(store: Store) -> None:
+    await store.register_worker(WorkerInfo(id="w1", host="h", pid=1, pid_token="t"), NOW)
+    await store.release_worker("w1", NOW + 1)  # someone took it for dead
+    reply = await store.heartbeat("w1", [], NOW + 60, NOW + 10)
+    assert reply.unknown is True
+    assert await store.list_workers() == []  # nothing written for it: it registers again
+
+
+async def test_a_worker_row_keeps_where_its_process_lives(store: Store) -> None:
+    info = WorkerInfo(id="w1", host="h", pid=7, pid_token="t", workflows=("a",),
+                      boot_id="boot-1", pid_ns="pid:[4026531836]")  # fmt: skip
+    await store.register_worker(info, NOW)
+    await store.register_worker(WorkerInfo(id="w2", host="h", pid=8, pid_token="u"), NOW)
+    w1, w2 = await store.list_workers("h")
+    assert (w1.boot_id, w1.pid_ns, w1.workflows) == ("boot-1", "pid:[4026531836]", ("a",))
+    assert (w2.boot_id, w2.pid_ns) == ("", "")  # unknown: an older worker, or no /proc
 
 
 # -- cancel ------------------------------------------------------------------------------------
@@ -774,16 +812,19 @@ async def test_resume_run_makes_a_failed_run_pending_and_its_failed_steps_due_ag
     lease = lease_of(await claim_one(store))
     failed = dataclasses.replace(checkpoint(1, "publish", None), status=CheckpointStatus.FAILED,
                                  error='{"type": "ValueError"}', attempts=3)  # fmt: skip
+    caught = dataclasses.replace(failed, seq=2, name="lookup", attempts=1)
     await store.write_checkpoint(lease, checkpoint(0, "fetch"), NOW)
     await store.write_checkpoint(lease, failed, NOW)
+    await store.write_checkpoint(lease, caught, NOW)  # a failure the workflow handled
     await store.finish_run(lease, RunStatus.FAILED, None, '{"type": "ValueError"}', NOW + 1)
-    resumed = await store.resume_run("r-resume", NOW + 5, NOW + 65)
+    resumed = await store.resume_run("r-resume", NOW + 5, NOW + 65, retry="1")
     assert (resumed.status, resumed.error, resumed.finished_at) == (RunStatus.PENDING, None, None)
     assert resumed.deadline_at == NOW + 65  # the workflow's timeout counts from the resume
     assert resumed.owner is None
-    [kept, due] = await store.load_history("r-resume")
-    assert kept == checkpoint(0, "fetch")
+    [kept, due, still] = await store.load_history("r-resume")
+    assert kept == stored(checkpoint(0, "fetch"), lease)
     assert (due.status, due.retry_at, due.attempts) == (CheckpointStatus.RETRYING, NOW + 5, 3)
+    assert still == stored(caught, lease)  # only the failure that ended the run is retried
     again = await claim_one(store, now=NOW + 6)
     assert (again.id, again.epoch) == ("r-resume", 2)
 

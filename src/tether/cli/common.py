@@ -28,9 +28,9 @@ T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 APP_FORM = "module:attribute, e.g. `myproject.main:app`"
 STATUS_STYLE = {  # the statuses of runs, checkpoints and approvals
-    "pending": "yellow", "running": "blue", "waiting": "cyan", "succeeded": "green",
-    "failed": "red", "cancelled": "magenta", "dead": "bold red", "started": "yellow",
-    "retrying": "cyan",
+    "pending": "yellow", "running": "blue", "waiting": "cyan", "held": "bold yellow",
+    "succeeded": "green", "failed": "red", "cancelled": "magenta", "dead": "bold red",
+    "started": "yellow", "retrying": "cyan",
     "completed": "green", "approved": "green", "rejected": "red", "expired": "magenta",
 }  # fmt: skip
 

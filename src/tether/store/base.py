@@ -35,6 +35,10 @@ class RunStatus(StrEnum):
     PENDING = "pending"  # created, not yet claimed (or released after a crash)
     RUNNING = "running"  # owned by a worker through a lease
     WAITING = "waiting"  # suspended until wake_at (timer, retry delay) or a wake-up
+    # Replay diverged from its history (a deploy changed the workflow's code): unfinished,
+    # its approvals pending and its parent not told; claimable again at wake_at (a backoff,
+    # or at once when a worker starts), so code that replays it (a rollback) takes it on.
+    HELD = "held"
     SUCCEEDED = "succeeded"
     FAILED = "failed"  # the workflow's own code failed it (an exception it did not catch)
     CANCELLED = "cancelled"
@@ -126,8 +130,8 @@ class EventRef:
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:
-    seq: int  # position in the run's history: the order in which the workflow asked for it
-    name: str  # "search_docs", "search_docs#2", "now#3"
+    seq: int  # the row's key in the run's history: the order in which it was first recorded
+    name: str  # "search_docs", "search_docs#2", "now#3", "search_docs@1" (in a workflow task)
     kind: str  # "step", "now", "uuid4", "random", ...
     status: CheckpointStatus
     result: str | None = None  # JSON
@@ -135,7 +139,29 @@ class Checkpoint:
     attempts: int = 0
     started_at: float | None = None
     finished_at: float | None = None
+    # A RETRYING checkpoint's: when the next attempt is due; an at-most-once STARTED marker's:
+    # when its attempt is over for certain (its timeout); a started wait's: its deadline.
     retry_at: float | None = None
+    # Its identity, the same on every execution (see POSITIONS); "" reads as str(seq), the
+    # position of checkpoints recorded before positions, all in the workflow's own task.
+    position: str = ""
+    digest: str | None = None  # of a step's (a child start's) arguments, compared on replay
+    args: str | None = None  # those arguments' canonical JSON, when short (for messages)
+    owner: str | None = None  # the worker whose lease wrote it (set by the store)
+    epoch: int | None = None  # and that lease's epoch
+
+    @property
+    def at(self) -> str:
+        """Its position."""
+        return self.position or str(self.seq)
+
+
+# A checkpoint's position: the path of the workflow task that asked for it from the root task
+# (each step the index of a task among those its parent task created), then the checkpoint's
+# sequence within that task, "/"-joined: "3" is the workflow's own fourth checkpoint, "1/0"
+# the first of the second task it created. Scheduling does not move it: it depends only on
+# the code and the recorded results.
+POSITIONS = "task path / sequence in the task"
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,12 +204,17 @@ class WorkerInfo:
     started_at: float = 0.0
     heartbeat_at: float = 0.0
     workflows: tuple[str, ...] | None = None  # what it claims; None: unknown (an older worker)
+    # Where its pid means something: the kernel's boot and the PID namespace. A worker is
+    # judged by its pid only where both are this process's own ("" where unknown).
+    boot_id: str = ""
+    pid_ns: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatReply:
     lost: list[str]  # run ids whose lease this worker no longer holds
     cancel: list[str]  # run ids it holds that someone asked to cancel
+    unknown: bool = False  # the worker has no row (it was deleted): it must register again
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +266,13 @@ class Store(Protocol):
         self, worker_id: str, leases: Sequence[Lease], lease_until: float, now: float
     ) -> HeartbeatReply:
         """Extend the leases this worker still holds to lease_until and refresh its row.
-        Reports leases it lost and runs it holds whose cancellation was requested."""
+        Reports leases it lost, runs it holds whose cancellation was requested, and whether
+        its row is gone (then it must register again)."""
+
+    async def database_time(self) -> float | None:
+        """The database server's clock (seconds since the epoch), which leases are judged by
+        when workers on many machines share it; None where the database has no clock of its
+        own (SQLite, memory: the local clock is the one clock)."""
 
     async def create_run(
         self,
@@ -259,8 +296,10 @@ class Store(Protocol):
         statuses: Sequence[RunStatus] = (),
         workflow: str | None = None,
         limit: int = 100,
+        before: tuple[float, str] | None = None,
     ) -> list[RunRecord]:
-        """Runs, newest first, filtered by status and workflow name."""
+        """Runs, newest first (by created_at, then id), filtered by status and workflow name;
+        with `before` (created_at, id of the last run of the previous page) only older ones."""
 
     async def claim_runs(
         self,
@@ -282,12 +321,13 @@ class Store(Protocol):
         """The earliest future time at which a run of these workflows becomes claimable."""
 
     async def load_history(self, run_id: str) -> list[Checkpoint]:
-        """The run's checkpoints, ordered by seq."""
+        """The run's checkpoints, ordered by seq, each with its position, digest, arguments
+        and the owner and epoch of the lease that wrote it."""
 
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
-        """Insert or replace the checkpoint at (run, seq); the run row is left as it is (this
-        is the hot path: one row). Raises LeaseLost if the lease is not held. Durable when this
-        returns."""
+        """Insert or replace the checkpoint at (run, seq), stamped with the lease's worker and
+        epoch (`owner`, `epoch`); the run row is left as it is (this is the hot path: one row).
+        Raises LeaseLost if the lease is not held. Durable when this returns."""
 
     async def suspend_run(
         self, lease: Lease, wake_at: float | None, now: float, wake_on: Sequence[str] = ()
@@ -320,13 +360,26 @@ class Store(Protocol):
         approvals cancelled, its parent told, with status dead). Raises LeaseLost if the lease
         is not held."""
 
+    async def hold_run(
+        self, lease: Lease, error: str, failures: int, wake_at: float, now: float
+    ) -> None:
+        """Replay of the run diverged from its history: store `error` (what differed) and
+        `failures` on the run, release the lease and leave it held until `wake_at`, then
+        claimable again (wake_on cleared). Nothing else changes: its approvals stay pending,
+        its parent is not told. Raises LeaseLost if the lease is not held."""
+
+    async def wake_held(self, workflows: Sequence[str], now: float) -> int:
+        """Make the held runs of these workflows claimable now (a worker with new code came):
+        returns how many."""
+
     async def dead_letter_unserved(
         self, since: float, error: Callable[[str, str], str], now: float
     ) -> list[str]:
         """Runs claimable since before `since` (pending, waiting with wake_at, or running with
-        an expired lease, since then) whose workflow no worker that heartbeated since `since`
-        serves end dead, each with `error(its id, its workflow)`, as finish_run ends a run.
-        Does nothing while such a worker's workflows are unknown (None). Returns their ids."""
+        an expired lease, since then; never held ones) whose workflow no worker that
+        heartbeated since `since` serves end dead, each with `error(its id, its workflow)`, as
+        finish_run ends a run. Does nothing while such a worker's workflows are unknown (None).
+        Returns their ids."""
 
     async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
         """Cancel a run and, the same way, its unfinished children: one nobody holds ends
@@ -334,12 +387,16 @@ class Store(Protocol):
         finish_run); one that a worker holds is flagged and its worker ends it. Finished runs
         are left as they are. Raises RunNotFound."""
 
-    async def resume_run(self, run_id: str, now: float, deadline_at: float | None) -> RunRecord:
-        """Give a failed or dead run another go after a fix: it becomes pending (error cleared,
-        failures 0, its deadline `deadline_at`), and its failed checkpoints become retrying,
-        due now, so those steps get one more attempt under the current code while completed
-        ones replay. A run in another status is returned unchanged. Raises RunNotFound, and
-        DuplicateRun if an unfinished run of its queue now holds its dedup key."""
+    async def resume_run(
+        self, run_id: str, now: float, deadline_at: float | None, retry: str | None = None
+    ) -> RunRecord:
+        """Give a failed, dead or held run another go after a fix: it becomes pending (error
+        cleared, failures 0, its deadline `deadline_at`), and the failed checkpoint at position
+        `retry` (the failure that ended the run) becomes retrying, due now, so that step gets
+        one more attempt under the current code while the rest replays as recorded (failures
+        the workflow caught among them). A run in another status is returned unchanged.
+        Raises RunNotFound, and DuplicateRun if an unfinished run of its queue now holds its
+        dedup key."""
 
     async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
         """Append an event to the run's mailbox, unless the run has finished (then nothing is

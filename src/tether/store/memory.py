@@ -130,7 +130,10 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
             worker = self._workers.get(worker_id)
             if worker is not None:
                 self._workers[worker_id] = replace(worker, heartbeat_at=now)
-            return HeartbeatReply(lost=lost, cancel=cancel)
+            return HeartbeatReply(lost=lost, cancel=cancel, unknown=worker is None)
+
+    async def database_time(self) -> float | None:
+        return None  # one process: its clock is the one clock
 
     # -- runs ---------------------------------------------------------------------------------
 
@@ -149,7 +152,7 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
             if run.dedup_key is not None:
                 for other in self._runs.values():
                     if (other.queue, other.dedup_key) == (run.queue, run.dedup_key) and (
-                        not other.status.terminal
+                        not other.status.terminal and other.id != run.id
                     ):
                         raise duplicate_run(run.queue, run.dedup_key, other.id)
             record = self._new_run(run, now, owner, lease_until)
@@ -190,6 +193,7 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
         statuses: Sequence[RunStatus] = (),
         workflow: str | None = None,
         limit: int = 100,
+        before: tuple[float, str] | None = None,
     ) -> list[RunRecord]:
         with self._lock:
             runs = list(self._runs.values())
@@ -197,7 +201,9 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
         runs = [
             r
             for r in runs
-            if (not wanted or r.status in wanted) and (workflow is None or r.workflow == workflow)
+            if (not wanted or r.status in wanted)
+            and (workflow is None or r.workflow == workflow)
+            and (before is None or (r.created_at, r.id) < before)
         ]
         runs.sort(key=lambda r: (r.created_at, r.id), reverse=True)
         return runs[: max(limit, 0)]
@@ -259,7 +265,7 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
             for run in self._runs.values():
                 if run.workflow not in names:
                     continue
-                if run.status in (RunStatus.PENDING, RunStatus.WAITING) and run.wake_at is not None:
+                if run.status in _DUE_AT and run.wake_at is not None:
                     times.append(run.wake_at)
                 elif run.status is RunStatus.RUNNING and run.lease_expires_at is not None:
                     times.append(run.lease_expires_at)
@@ -290,12 +296,14 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
                     self._deliver(current.parent_id, child_key(current.id), outcome, now)
             return self._runs[run_id]
 
-    async def resume_run(self, run_id: str, now: float, deadline_at: float | None) -> RunRecord:
+    async def resume_run(
+        self, run_id: str, now: float, deadline_at: float | None, retry: str | None = None
+    ) -> RunRecord:
         with self._lock:
             run = self._runs.get(run_id)
             if run is None:
                 raise RunNotFound(f"no run has id {run_id!r}; check the id or list runs")
-            if run.status not in (RunStatus.FAILED, RunStatus.DEAD):
+            if run.status not in (RunStatus.FAILED, RunStatus.DEAD, RunStatus.HELD):
                 return run
             if run.dedup_key is not None:
                 for other in self._runs.values():
@@ -305,7 +313,7 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
                         raise duplicate_run(run.queue, run.dedup_key, other.id)
             history = self._history.get(run_id, {})
             for seq, cp in list(history.items()):
-                if cp.status is CheckpointStatus.FAILED:
+                if cp.status is CheckpointStatus.FAILED and cp.at == retry:
                     history[seq] = replace(cp, status=CheckpointStatus.RETRYING, retry_at=now)
             resumed = replace(run, status=RunStatus.PENDING, result=None, error=None, owner=None,
                               lease_expires_at=None, wake_at=None, wake_on=(), failures=0,
@@ -336,7 +344,7 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
                     key = str(event[2])
                     result = f'{{"key":{json.dumps(key)},"value":{event[3]}}}'
                     self._history.setdefault(run.id, {})[checkpoint.seq] = replace(
-                        checkpoint, result=result
+                        _stamped(checkpoint, lease), result=result
                     )
                     return result
             return None
@@ -377,7 +385,7 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
         with self._lock:
             run = self._fenced(lease)
-            self._history.setdefault(run.id, {})[checkpoint.seq] = checkpoint
+            self._history.setdefault(run.id, {})[checkpoint.seq] = _stamped(checkpoint, lease)
 
     async def suspend_run(
         self, lease: Lease, wake_at: float | None, now: float, wake_on: Sequence[str] = ()
@@ -421,6 +429,25 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
                 run, status=RunStatus.WAITING, error=error, owner=None, lease_expires_at=None,
                 wake_at=retry_at, wake_on=(), updated_at=now,
             )  # fmt: skip
+
+    async def hold_run(
+        self, lease: Lease, error: str, failures: int, wake_at: float, now: float
+    ) -> None:
+        with self._lock:
+            run = self._fenced(lease)
+            self._runs[run.id] = replace(
+                run, status=RunStatus.HELD, error=error, failures=failures, owner=None,
+                lease_expires_at=None, wake_at=wake_at, wake_on=(), updated_at=now,
+            )  # fmt: skip
+
+    async def wake_held(self, workflows: Sequence[str], now: float) -> int:
+        with self._lock:
+            held = [r for r in self._runs.values()
+                    if r.status is RunStatus.HELD and r.workflow in workflows
+                    and (r.wake_at is None or r.wake_at > now)]  # fmt: skip
+            for run in held:
+                self._runs[run.id] = replace(run, wake_at=now, updated_at=now)
+            return len(held)
 
     async def dead_letter_unserved(
         self, since: float, error: Callable[[str, str], str], now: float
@@ -557,6 +584,14 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
         return run
 
 
+_DUE_AT = (RunStatus.PENDING, RunStatus.WAITING, RunStatus.HELD)  # claimable from wake_at on
+
+
+def _stamped(checkpoint: Checkpoint, lease: Lease) -> Checkpoint:
+    """The checkpoint as the store keeps it: with its position, under the lease that wrote it."""
+    return replace(checkpoint, position=checkpoint.at, owner=lease.worker_id, epoch=lease.epoch)
+
+
 def _due_since(run: RunRecord) -> float | None:
     """Since when a worker could have claimed the run (None: it is not claimable)."""
     if run.status is RunStatus.PENDING:
@@ -577,7 +612,7 @@ def _new_status(run: NewRun, owner: str | None) -> RunStatus:
 def _claimable(run: RunRecord, now: float) -> bool:
     if run.status is RunStatus.PENDING:
         return run.wake_at is None or run.wake_at <= now
-    if run.status is RunStatus.WAITING:
+    if run.status in (RunStatus.WAITING, RunStatus.HELD):
         return run.wake_at is not None and run.wake_at <= now
     if run.status is RunStatus.RUNNING:
         return run.lease_expires_at is not None and run.lease_expires_at < now

@@ -48,7 +48,11 @@ class MemoryValues:
             versions.append(ValueRecord(lease.run_id, key, version, value, checkpoint.seq, now))
             result = json.dumps({"key": key, "version": version})
             self._history.setdefault(lease.run_id, {})[checkpoint.seq] = replace(
-                checkpoint, result=result
+                checkpoint,
+                result=result,
+                position=checkpoint.at,
+                owner=lease.worker_id,
+                epoch=lease.epoch,
             )
             return version
 
@@ -82,7 +86,7 @@ class MemoryValues:
                 updated_at=now,
             )  # fmt: skip
             self._runs[run.id] = record
-            self._history[run.id] = {cp.seq: cp for cp in checkpoints}
+            self._history[run.id] = {cp.seq: replace(cp, position=cp.at) for cp in checkpoints}
             seqs = {cp.seq for cp in checkpoints}
             names = {cp.name for cp in checkpoints}
             for (holder, key), versions in list(self._values.items()):

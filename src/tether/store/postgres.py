@@ -53,10 +53,12 @@ from tether.store.postgres_users import PostgresUsers
 from tether.store.postgres_values import PostgresValues
 from tether.store.rows import (
     checkpoint_from_row,
+    checkpoint_params,
     load_sql,
+    page_params,
     run_from_row,
     worker_from_row,
-    worker_workflows,
+    worker_params,
 )
 
 T = TypeVar("T")
@@ -226,9 +228,7 @@ class PostgresStore(
     # -- the port ---------------------------------------------------------------------------
 
     async def register_worker(self, worker: WorkerInfo, now: float) -> None:
-        args = {"id": worker.id, "host": worker.host, "pid": worker.pid,
-                "pid_token": worker.pid_token, "now": now,
-                "workflows": worker_workflows(worker)}  # fmt: skip
+        args = worker_params(worker, now)
 
         async def op(c: Conn) -> None:
             await c.execute(_Q["upsert_worker"], args)
@@ -263,8 +263,8 @@ class PostgresStore(
                     lost.append(lease.run_id)
                 elif row[0]:
                     cancel.append(lease.run_id)
-            await c.execute(_Q["touch_worker"], {"id": worker_id, "now": now})
-            return HeartbeatReply(lost=lost, cancel=cancel)
+            cur = await c.execute(_Q["touch_worker"], {"id": worker_id, "now": now})
+            return HeartbeatReply(lost=lost, cancel=cancel, unknown=cur.rowcount == 0)
 
         return await self._tx(op, write=True, label="heartbeat")
 
@@ -325,9 +325,10 @@ class PostgresStore(
         statuses: Sequence[RunStatus] = (),
         workflow: str | None = None,
         limit: int = 100,
+        before: tuple[float, str] | None = None,
     ) -> list[RunRecord]:
         args = {"any_status": not statuses, "statuses": [str(s) for s in statuses],
-                "workflow": workflow, "limit": max(0, limit)}  # fmt: skip
+                "workflow": workflow, "limit": max(0, limit), **page_params(before)}  # fmt: skip
         return [run_from_row(r) for r in await self._rows(_Q["list_runs"], args)]
 
     async def claim_runs(
@@ -455,6 +456,32 @@ class PostgresStore(
 
         await self._tx(op, write=True, label=label)
 
+    async def hold_run(
+        self, lease: Lease, error: str, failures: int, wake_at: float, now: float
+    ) -> None:
+        args = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch,
+                "error": error, "failures": failures, "wake_at": wake_at, "now": now}  # fmt: skip
+
+        async def op(c: Conn) -> None:
+            if (await c.execute(_Q["hold_run"], args)).rowcount != 1:
+                raise await _lease_lost(c, lease)
+            await c.execute(f"NOTIFY {CHANNEL}")
+
+        await self._tx(op, write=True, label=f"hold_run:{lease.run_id}")
+
+    async def wake_held(self, workflows: Sequence[str], now: float) -> int:
+        async def op(c: Conn) -> int:
+            woken = (await c.execute(_Q["wake_held"], {"workflows": list(workflows),
+                                                       "now": now})).rowcount  # fmt: skip
+            if woken:
+                await c.execute(f"NOTIFY {CHANNEL}")
+            return woken
+
+        return await self._tx(op, write=True, label="wake_held")
+
+    async def database_time(self) -> float | None:
+        return float((await self._rows(_Q["database_time"], {}))[0][0])
+
     async def dead_letter_unserved(
         self, since: float, error: Callable[[str, str], str], now: float
     ) -> list[str]:
@@ -475,8 +502,10 @@ class PostgresStore(
 
         return await self._tx(op, write=True, label="dead_letter_unserved")
 
-    async def resume_run(self, run_id: str, now: float, deadline_at: float | None) -> RunRecord:
-        args = {"id": run_id, "now": now, "deadline_at": deadline_at}
+    async def resume_run(
+        self, run_id: str, now: float, deadline_at: float | None, retry: str | None = None
+    ) -> RunRecord:
+        args = {"id": run_id, "now": now, "deadline_at": deadline_at, "retry": retry}
 
         async def op(c: Conn) -> RunRecord:
             try:
@@ -603,7 +632,4 @@ async def _ended(
 
 
 def _checkpoint_args(lease: Lease, cp: Checkpoint, result: str | None) -> dict[str, Any]:
-    return {"run_id": lease.run_id, "seq": cp.seq, "name": cp.name, "kind": cp.kind,
-            "status": cp.status.value, "result": result, "error": cp.error,
-            "attempts": cp.attempts, "started_at": cp.started_at, "finished_at": cp.finished_at,
-            "retry_at": cp.retry_at, "worker": lease.worker_id, "epoch": lease.epoch}  # fmt: skip
+    return checkpoint_params(lease.run_id, cp, result, lease.worker_id, lease.epoch)

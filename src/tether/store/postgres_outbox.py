@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import psycopg
@@ -30,7 +31,7 @@ from tether.store.outbox_rows import (
     settle_args,
     tx_lease_lost,
 )
-from tether.store.rows import load_sql
+from tether.store.rows import checkpoint_params, load_sql
 
 _Q, _ = load_sql("postgres")
 T = TypeVar("T")
@@ -187,12 +188,10 @@ class PostgresOutbox:
                 async with c.cursor() as cur:
                     rows = message_rows(lease.run_id, cp.name, outcome.messages, now)
                     await cur.executemany(_Q["outbox_insert"], rows)
-            args = {"run_id": lease.run_id, "seq": cp.seq, "name": cp.name, "kind": cp.kind,
-                    "status": cp.status.value, "result": outcome.result, "error": cp.error,
-                    "attempts": cp.attempts, "started_at": cp.started_at,
-                    "finished_at": outcome.finished_at or cp.finished_at,
-                    "retry_at": cp.retry_at, "worker": lease.worker_id,
-                    "epoch": lease.epoch}  # fmt: skip
+            done = replace(cp, finished_at=outcome.finished_at or cp.finished_at)
+            args = checkpoint_params(
+                lease.run_id, done, outcome.result, lease.worker_id, lease.epoch
+            )
             # Fenced and locked to the commit (see tx_checkpoint): without the lease nothing
             # is written, and the body's writes and messages are rolled back with it.
             if (await c.execute(_Q["tx_checkpoint"], args)).rowcount != 1:

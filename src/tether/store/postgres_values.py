@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from tether.store.base import Checkpoint, Lease, NewRun, RunRecord
-from tether.store.rows import load_sql, run_from_row
+from tether.store.rows import checkpoint_params, load_sql, run_from_row
 from tether.store.value_rows import (
     ForkRecord,
     ValueRecord,
@@ -24,13 +24,6 @@ from tether.store.value_rows import (
 
 _Q, _ = load_sql("postgres")
 T = TypeVar("T")
-
-
-def _checkpoint_row(run_id: str, cp: Checkpoint, result: str | None) -> dict[str, object]:
-    return {"run_id": run_id, "seq": cp.seq, "name": cp.name, "kind": cp.kind,
-            "status": cp.status.value, "result": result, "error": cp.error,
-            "attempts": cp.attempts, "started_at": cp.started_at,
-            "finished_at": cp.finished_at, "retry_at": cp.retry_at}  # fmt: skip
 
 
 class PostgresValues:
@@ -56,7 +49,10 @@ class PostgresValues:
             await c.execute(_Q["insert_value"], {**where, "version": version, "value": value,
                                                  "seq": checkpoint.seq, "now": now})  # fmt: skip
             result = json.dumps({"key": key, "version": version})
-            await c.execute(_Q["put_checkpoint"], _checkpoint_row(lease.run_id, checkpoint, result))
+            await c.execute(
+                _Q["put_checkpoint"],
+                checkpoint_params(lease.run_id, checkpoint, result, lease.worker_id, lease.epoch),
+            )
             return version
 
         return await self._tx(op, write=True, label=f"set_value:{key}")
@@ -89,7 +85,8 @@ class PostgresValues:
             created = (await c.execute(_Q["fork_insert_run"], insert)).rowcount == 1
             if created:
                 if checkpoints:
-                    rows = [_checkpoint_row(run.id, cp, cp.result) for cp in checkpoints]
+                    rows = [checkpoint_params(run.id, cp, cp.result, cp.owner, cp.epoch)
+                            for cp in checkpoints]  # fmt: skip
                     async with c.cursor() as cur:
                         await cur.executemany(_Q["put_checkpoint"], rows)
                 await c.execute(_Q["fork_values"], copy)

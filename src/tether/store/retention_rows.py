@@ -16,7 +16,7 @@ Cursor = tuple[float, str]
 START: Cursor = (float("-inf"), "")
 
 ENDED = ("succeeded", "failed", "cancelled", "dead")  # the terminal statuses, as stored
-UNFINISHED = ("pending", "running", "waiting")
+UNFINISHED = ("pending", "running", "waiting", "held")
 OUTBOX_DONE = ("delivered", "failed")  # outbox messages retention may delete
 
 # The tables a run's rows live in, in the order a purge deletes them (the run row goes last).

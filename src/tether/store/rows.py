@@ -16,6 +16,18 @@ from tether.store.approval_rows import APPROVAL_COLUMNS, AUDIT_COLUMNS, AuditEnt
 from tether.store.base import Checkpoint, CheckpointStatus, RunRecord, RunStatus, WorkerInfo
 from tether.store.stream_rows import StreamEntry, StreamKind
 
+# A checkpoint's columns as load_history selects them (checkpoint_from_row reads this order);
+# a position NULL is that of a row recorded before positions: its seq.
+CHECKPOINT_COLUMNS = (
+    "seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,"
+    " coalesce(position, CAST(seq AS TEXT)), digest, args, owner, epoch"
+)
+# The parameters of a checkpoint's upsert, in the order of its positional form (?1..?16).
+CHECKPOINT_PARAMS = (
+    "run_id", "seq", "name", "kind", "status", "result", "error", "attempts", "started_at",
+    "finished_at", "retry_at", "worker", "epoch", "position", "digest", "args",
+)  # fmt: skip
+
 RUN_COLUMNS = (
     "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
     " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on,"
@@ -40,7 +52,8 @@ def load_sql(dialect: str) -> tuple[dict[str, str], list[tuple[int, str]]]:
             elif name is not None and not line.startswith("--"):
                 queries[name] += line + "\n"
     columns = {"run_columns": RUN_COLUMNS, "approval_columns": APPROVAL_COLUMNS,
-               "audit_columns": AUDIT_COLUMNS}  # fmt: skip
+               "audit_columns": AUDIT_COLUMNS,
+               "checkpoint_columns": CHECKPOINT_COLUMNS}  # fmt: skip
     queries = {k: v.strip().format(**columns) for k, v in queries.items()}
     migrations = sorted(
         (int(f.name.split("_", 1)[0]), f.read_text())
@@ -64,19 +77,48 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
 def worker_from_row(row: Sequence[Any]) -> WorkerInfo:
     """A worker from the columns of the list_workers query."""
     workflows = None if row[6] is None else tuple(json.loads(row[6]))
-    return WorkerInfo(row[0], row[1], row[2], row[3], row[4], row[5], workflows)
+    return WorkerInfo(row[0], row[1], row[2], row[3], row[4], row[5], workflows,
+                      row[7] or "", row[8] or "")  # fmt: skip
 
 
-def worker_workflows(worker: WorkerInfo) -> str | None:
-    """The workflows column of a worker's row: its names as a JSON list (NULL: unknown)."""
-    return None if worker.workflows is None else json.dumps(sorted(worker.workflows))
+def worker_params(worker: WorkerInfo, now: float) -> dict[str, Any]:
+    """The parameters of the upsert_worker query; its workflows a JSON list (NULL: unknown)."""
+    workflows = None if worker.workflows is None else json.dumps(sorted(worker.workflows))
+    return {"id": worker.id, "host": worker.host, "pid": worker.pid,
+            "pid_token": worker.pid_token, "now": now, "workflows": workflows,
+            "boot_id": worker.boot_id or None, "pid_ns": worker.pid_ns or None}  # fmt: skip
+
+
+def page_params(before: tuple[float, str] | None) -> dict[str, Any]:
+    """The keyset parameters of list_runs: the page starts after (created_at, id)."""
+    return {"before_at": None if before is None else before[0],
+            "before_id": None if before is None else before[1]}  # fmt: skip
 
 
 def checkpoint_from_row(row: Sequence[Any]) -> Checkpoint:
     return Checkpoint(
         seq=row[0], name=row[1], kind=row[2], status=CheckpointStatus(row[3]), result=row[4],
         error=row[5], attempts=row[6], started_at=row[7], finished_at=row[8], retry_at=row[9],
+        position=row[10], digest=row[11], args=row[12], owner=row[13], epoch=row[14],
     )  # fmt: skip
+
+
+def checkpoint_values(
+    run_id: str, cp: Checkpoint, result: str | None, owner: str | None, epoch: int | None
+) -> tuple[Any, ...]:
+    """The values of a checkpoint's upsert in CHECKPOINT_PARAMS order, `result` in place of
+    the checkpoint's own (a store fills it in) and written under (owner, epoch)."""
+    return (run_id, cp.seq, cp.name, cp.kind, cp.status.value, result, cp.error, cp.attempts,
+            cp.started_at, cp.finished_at, cp.retry_at, owner, epoch, cp.at, cp.digest,
+            cp.args)  # fmt: skip
+
+
+def checkpoint_params(
+    run_id: str, cp: Checkpoint, result: str | None, owner: str | None, epoch: int | None
+) -> dict[str, Any]:
+    """checkpoint_values by name, for the named forms of the upsert."""
+    return dict(zip(CHECKPOINT_PARAMS, checkpoint_values(run_id, cp, result, owner, epoch),
+                    strict=True))  # fmt: skip
 
 
 def audit_to_row(entry: AuditEntry) -> dict[str, Any]:

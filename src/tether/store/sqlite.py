@@ -33,10 +33,12 @@ from tether.store.base import (
 )
 from tether.store.rows import (
     checkpoint_from_row,
+    checkpoint_values,
     load_sql,
+    page_params,
     run_from_row,
     worker_from_row,
-    worker_workflows,
+    worker_params,
 )
 from tether.store.sqlite_approvals import (
     SqliteApprovals,
@@ -81,15 +83,7 @@ class SqliteStore(
     # -- the port ---------------------------------------------------------------------------
 
     async def register_worker(self, worker: WorkerInfo, now: float) -> None:
-        args = {
-            "id": worker.id,
-            "host": worker.host,
-            "pid": worker.pid,
-            "pid_token": worker.pid_token,
-            "started_at": worker.started_at,
-            "now": now,
-            "workflows": worker_workflows(worker),
-        }
+        args = worker_params(worker, now)
         await self._db.submit(
             lambda c: c.execute(_Q["upsert_worker"], args),
             write=True,
@@ -132,8 +126,8 @@ class SqliteStore(
                     lost.append(lease.run_id)
                 elif row[0]:
                     cancel.append(lease.run_id)
-            c.execute(_Q["touch_worker"], {"id": worker_id, "now": now})
-            return HeartbeatReply(lost=lost, cancel=cancel)
+            touched = c.execute(_Q["touch_worker"], {"id": worker_id, "now": now}).rowcount
+            return HeartbeatReply(lost=lost, cancel=cancel, unknown=touched == 0)
 
         return await self._db.submit(op, write=True, label="heartbeat", multi=True)
 
@@ -216,12 +210,14 @@ class SqliteStore(
         statuses: Sequence[RunStatus] = (),
         workflow: str | None = None,
         limit: int = 100,
+        before: tuple[float, str] | None = None,
     ) -> list[RunRecord]:
         args = {
             "any_status": not statuses,
             "statuses": json.dumps([str(s) for s in statuses]),
             "workflow": workflow,
             "limit": max(0, limit),
+            **page_params(before),
         }
         return await self._db.submit(
             lambda c: [run_from_row(r) for r in c.execute(_Q["list_runs"], args)], write=False
@@ -279,21 +275,7 @@ class SqliteStore(
 
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
         cp = checkpoint
-        args = (
-            lease.run_id,
-            cp.seq,
-            cp.name,
-            cp.kind,
-            cp.status.value,
-            cp.result,
-            cp.error,
-            cp.attempts,
-            cp.started_at,
-            cp.finished_at,
-            cp.retry_at,
-            lease.worker_id,
-            lease.epoch,
-        )
+        args = checkpoint_values(lease.run_id, cp, cp.result, lease.worker_id, lease.epoch)
 
         def op(c: sqlite3.Connection) -> None:
             if c.execute(_UPSERT_CHECKPOINT, args).rowcount != 1:
@@ -367,6 +349,21 @@ class SqliteStore(
                           retry_at=retry_at, now=now)  # fmt: skip
         await self._db.submit(op, write=True, label=label)
 
+    async def hold_run(
+        self, lease: Lease, error: str, failures: int, wake_at: float, now: float
+    ) -> None:
+        op = self._fenced(lease, "hold_run", error=error, failures=failures, wake_at=wake_at,
+                          now=now)  # fmt: skip
+        await self._db.submit(op, write=True, label=f"hold_run:{lease.run_id}")
+
+    async def wake_held(self, workflows: Sequence[str], now: float) -> int:
+        args = {"workflows": json.dumps(list(workflows)), "now": now}
+        return await self._db.submit(lambda c: c.execute(_Q["wake_held"], args).rowcount,
+                                     write=True, label="wake_held")  # fmt: skip
+
+    async def database_time(self) -> float | None:
+        return None  # the file has no clock: every process on its machine reads the same one
+
     async def dead_letter_unserved(
         self, since: float, error: Callable[[str, str], str], now: float
     ) -> list[str]:
@@ -416,8 +413,10 @@ class SqliteStore(
 
         return await self._db.submit(op, write=True, label=f"cancel_run:{run_id}", multi=True)
 
-    async def resume_run(self, run_id: str, now: float, deadline_at: float | None) -> RunRecord:
-        args = {"id": run_id, "now": now, "deadline_at": deadline_at}
+    async def resume_run(
+        self, run_id: str, now: float, deadline_at: float | None, retry: str | None = None
+    ) -> RunRecord:
+        args = {"id": run_id, "now": now, "deadline_at": deadline_at, "retry": retry}
 
         def op(c: sqlite3.Connection) -> RunRecord:
             try:
@@ -472,10 +471,10 @@ class SqliteStore(
             event_id, key, payload = row
             c.execute(_Q["consume_event"], {"id": event_id, "by": cp.name, "now": now})
             result = f'{{"key":{json.dumps(key)},"value":{payload}}}'
-            c.execute(_UPSERT_CHECKPOINT, (
-                lease.run_id, cp.seq, cp.name, cp.kind, cp.status.value, result, cp.error,
-                cp.attempts, cp.started_at, cp.finished_at, cp.retry_at, lease.worker_id,
-                lease.epoch))  # fmt: skip
+            c.execute(
+                _UPSERT_CHECKPOINT,
+                checkpoint_values(lease.run_id, cp, result, lease.worker_id, lease.epoch),
+            )
             return result
 
         return await self._db.submit(op, write=True, label=f"take_event:{cp.name}", multi=True)

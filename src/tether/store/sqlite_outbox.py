@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from tether.errors import PermanentError
@@ -26,7 +27,7 @@ from tether.store.outbox_rows import (
     settle_args,
     tx_lease_lost,
 )
-from tether.store.rows import load_sql
+from tether.store.rows import checkpoint_values, load_sql
 
 if TYPE_CHECKING:
     from tether.store.sqlite_commit import CommitQueue
@@ -223,10 +224,11 @@ class SqliteOutbox:
                 rows = message_rows(lease.run_id, cp.name, outcome.messages, now)
                 c.executemany(_Q["outbox_insert"], rows)
             finished = cp.finished_at if outcome.finished_at is None else outcome.finished_at
-            written = c.execute(_Q["upsert_checkpoint"], (
-                lease.run_id, cp.seq, cp.name, cp.kind, cp.status.value, outcome.result,
-                cp.error, cp.attempts, cp.started_at, finished, cp.retry_at, lease.worker_id,
-                lease.epoch)).rowcount  # fmt: skip
+            done = replace(cp, finished_at=finished)
+            written = c.execute(
+                _Q["upsert_checkpoint"],
+                checkpoint_values(lease.run_id, done, outcome.result, lease.worker_id, lease.epoch),
+            ).rowcount
             if written != 1:
                 raise tx_lease_lost(lease.run_id, lease.worker_id, lease.epoch, cp.name)
             return outcome.result

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from tether.store.base import Checkpoint, Lease, NewRun, RunRecord
-from tether.store.rows import load_sql, run_from_row
+from tether.store.rows import checkpoint_params, load_sql, run_from_row
 from tether.store.value_rows import (
     ForkRecord,
     ValueRecord,
@@ -27,13 +27,6 @@ if TYPE_CHECKING:
     from tether.store.sqlite_commit import CommitQueue
 
 _Q, _ = load_sql("sqlite")
-
-
-def _checkpoint_row(run_id: str, cp: Checkpoint, result: str | None) -> dict[str, object]:
-    return {"run_id": run_id, "seq": cp.seq, "name": cp.name, "kind": cp.kind,
-            "status": cp.status.value, "result": result, "error": cp.error,
-            "attempts": cp.attempts, "started_at": cp.started_at,
-            "finished_at": cp.finished_at, "retry_at": cp.retry_at}  # fmt: skip
 
 
 class SqliteValues:
@@ -54,7 +47,10 @@ class SqliteValues:
             c.execute(_Q["insert_value"], {**where, "version": version, "value": value,
                                            "seq": checkpoint.seq, "now": now})  # fmt: skip
             result = json.dumps({"key": key, "version": version})
-            c.execute(_Q["put_checkpoint"], _checkpoint_row(lease.run_id, checkpoint, result))
+            c.execute(
+                _Q["put_checkpoint"],
+                checkpoint_params(lease.run_id, checkpoint, result, lease.worker_id, lease.epoch),
+            )
             return version
 
         return await self._db.submit(op, write=True, label=f"set_value:{key}", multi=True)
@@ -95,7 +91,8 @@ class SqliteValues:
         def op(c: sqlite3.Connection) -> tuple[RunRecord, bool]:
             created = c.execute(_Q["fork_insert_run"], insert).rowcount == 1
             if created:
-                rows = [_checkpoint_row(run.id, cp, cp.result) for cp in checkpoints]
+                rows = [checkpoint_params(run.id, cp, cp.result, cp.owner, cp.epoch)
+                        for cp in checkpoints]  # fmt: skip
                 c.executemany(_Q["put_checkpoint"], rows)
                 c.execute(_Q["fork_values"], copy)
                 c.execute(_Q["fork_events"], copy)

@@ -18,6 +18,8 @@ SELECT {run_columns} FROM tether_runs WHERE id = %(id)s;
 SELECT {run_columns} FROM tether_runs
 WHERE (%(any_status)s OR status = ANY(%(statuses)s))
   AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s)
+  AND (%(before_at)s::double precision IS NULL OR created_at < %(before_at)s
+       OR (created_at = %(before_at)s AND id < %(before_id)s))
 ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
@@ -38,7 +40,7 @@ WHERE id IN (
     SELECT id FROM tether_runs
     WHERE workflow = ANY(%(workflows)s) AND (queue IS NULL OR NOT (queue = ANY(%(limited)s)))
       AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s))
-        OR (status = 'waiting' AND wake_at <= %(now)s)
+        OR (status IN ('waiting', 'held') AND wake_at <= %(now)s)
         OR (status = 'running' AND lease_expires_at < %(now)s))
     ORDER BY priority DESC, created_at, id
     LIMIT %(limit)s
@@ -55,7 +57,7 @@ WHERE id IN (
     SELECT id FROM tether_runs
     WHERE workflow = ANY(%(workflows)s) AND queue = %(queue)s
       AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s))
-        OR (status = 'waiting' AND wake_at <= %(now)s)
+        OR (status IN ('waiting', 'held') AND wake_at <= %(now)s)
         OR (status = 'running' AND lease_expires_at < %(now)s))
     ORDER BY priority DESC, created_at, id
     LIMIT %(limit)s
@@ -75,7 +77,7 @@ FROM tether_runs WHERE queue = %(queue)s;
 -- name: next_wake_at
 SELECT min(t) FROM (
     SELECT min(wake_at) AS t FROM tether_runs
-    WHERE status IN ('pending', 'waiting') AND wake_at IS NOT NULL
+    WHERE status IN ('pending', 'waiting', 'held') AND wake_at IS NOT NULL
       AND workflow = ANY(%(workflows)s)
     UNION ALL
     SELECT min(lease_expires_at) FROM tether_runs
@@ -87,21 +89,23 @@ WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = 
 FOR UPDATE;
 
 -- name: load_history
-SELECT seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at
-FROM tether_checkpoints WHERE run_id = %(run_id)s ORDER BY seq;
+SELECT {checkpoint_columns} FROM tether_checkpoints WHERE run_id = %(run_id)s ORDER BY seq;
 
 -- name: upsert_checkpoint
 INSERT INTO tether_checkpoints
-    (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at)
+    (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,
+     owner, epoch, position, digest, args)
 SELECT %(run_id)s, %(seq)s, %(name)s, %(kind)s, %(status)s, %(result)s, %(error)s, %(attempts)s,
-       %(started_at)s, %(finished_at)s, %(retry_at)s
+       %(started_at)s, %(finished_at)s, %(retry_at)s, %(worker)s, %(epoch)s, %(position)s,
+       %(digest)s, %(args)s
 WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = %(run_id)s AND status = 'running'
                                          AND owner = %(worker)s AND epoch = %(epoch)s)
 ON CONFLICT (run_id, seq) DO UPDATE SET
     name = excluded.name, kind = excluded.kind, status = excluded.status,
     result = excluded.result, error = excluded.error, attempts = excluded.attempts,
     started_at = excluded.started_at, finished_at = excluded.finished_at,
-    retry_at = excluded.retry_at;
+    retry_at = excluded.retry_at, owner = excluded.owner, epoch = excluded.epoch,
+    position = excluded.position, digest = excluded.digest, args = excluded.args;
 
 -- name: suspend_run
 UPDATE tether_runs
@@ -129,6 +133,21 @@ UPDATE tether_runs
 SET status = 'waiting', error = %(error)s, failures = %(failures)s, owner = NULL,
     lease_expires_at = NULL, wake_at = %(retry_at)s, wake_on = NULL, updated_at = %(now)s
 WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s;
+
+-- name: hold_run
+-- Replay diverged: the run is held, unfinished, until wake_at (then tried again).
+UPDATE tether_runs
+SET status = 'held', error = %(error)s, failures = %(failures)s, owner = NULL,
+    lease_expires_at = NULL, wake_at = %(wake_at)s, wake_on = NULL, updated_at = %(now)s
+WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s;
+
+-- name: wake_held
+UPDATE tether_runs SET wake_at = %(now)s, updated_at = %(now)s
+WHERE status = 'held' AND (wake_at IS NULL OR wake_at > %(now)s)
+  AND workflow = ANY(%(workflows)s);
+
+-- name: database_time
+SELECT extract(epoch FROM clock_timestamp())::double precision;
 
 -- name: live_workflows
 -- What the workers that heartbeated since `since` serve (NULL: an older worker, unknown).
@@ -162,7 +181,7 @@ UPDATE tether_runs
 SET status = 'cancelled', error = %(error)s, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, wake_on = NULL, cancel_requested = FALSE, finished_at = %(now)s,
     updated_at = %(now)s
-WHERE id = %(id)s AND status IN ('pending', 'waiting')
+WHERE id = %(id)s AND status IN ('pending', 'waiting', 'held')
 RETURNING parent_id;
 
 -- name: cancel_owned
@@ -174,17 +193,20 @@ SELECT id FROM tether_runs
 WHERE parent_id = %(id)s AND status NOT IN ('succeeded', 'failed', 'cancelled', 'dead');
 
 -- name: upsert_worker
-INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at, workflows)
-VALUES (%(id)s, %(host)s, %(pid)s, %(pid_token)s, %(now)s, %(now)s, %(workflows)s)
+INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at, workflows,
+                            boot_id, pid_ns)
+VALUES (%(id)s, %(host)s, %(pid)s, %(pid_token)s, %(now)s, %(now)s, %(workflows)s,
+        %(boot_id)s, %(pid_ns)s)
 ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
     pid_token = excluded.pid_token, heartbeat_at = excluded.heartbeat_at,
-    workflows = excluded.workflows;
+    workflows = excluded.workflows, boot_id = excluded.boot_id, pid_ns = excluded.pid_ns;
 
 -- name: touch_worker
 UPDATE tether_workers SET heartbeat_at = %(now)s WHERE id = %(id)s;
 
 -- name: list_workers
-SELECT id, host, pid, pid_token, started_at, heartbeat_at, workflows FROM tether_workers
+SELECT id, host, pid, pid_token, started_at, heartbeat_at, workflows, boot_id, pid_ns
+FROM tether_workers
 WHERE (%(host)s::text IS NULL OR host = %(host)s) ORDER BY id;
 
 -- name: release_worker_runs
@@ -229,7 +251,7 @@ SELECT coalesce(max(id), 0) FROM tether_events;
 -- name: dedup_holder
 SELECT id FROM tether_runs
 WHERE coalesce(queue, '') = coalesce(%(queue)s, '') AND dedup_key = %(dedup_key)s
-  AND status IN ('pending', 'running', 'waiting');
+  AND status IN ('pending', 'running', 'waiting', 'held');
 
 -- name: insert_approval
 INSERT INTO tether_approvals (id, run_id, step, status, created_at, expires_at, updated_at,
@@ -335,11 +357,12 @@ ORDER BY "offset";
 
 -- name: resume_checkpoints
 UPDATE tether_checkpoints SET status = 'retrying', retry_at = %(now)s
-WHERE run_id = %(id)s AND status = 'failed';
+WHERE run_id = %(id)s AND status = 'failed'
+  AND coalesce(position, CAST(seq AS TEXT)) = %(retry)s;
 
 -- name: resume_run
 UPDATE tether_runs
 SET status = 'pending', result = NULL, error = NULL, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, wake_on = NULL, cancel_requested = FALSE, finished_at = NULL,
     updated_at = %(now)s, failures = 0, deadline_at = %(deadline_at)s
-WHERE id = %(id)s AND status IN ('failed', 'dead');
+WHERE id = %(id)s AND status IN ('failed', 'dead', 'held');

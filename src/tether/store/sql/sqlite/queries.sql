@@ -18,6 +18,8 @@ SELECT {run_columns} FROM tether_runs WHERE id = :id;
 SELECT {run_columns} FROM tether_runs
 WHERE (:any_status OR status IN (SELECT value FROM json_each(:statuses)))
   AND (:workflow IS NULL OR workflow = :workflow)
+  AND (:before_at IS NULL OR created_at < :before_at
+       OR (created_at = :before_at AND id < :before_id))
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
 
@@ -38,7 +40,7 @@ WHERE id IN (
     SELECT id FROM tether_runs
     WHERE workflow IN (SELECT value FROM json_each(:workflows)) AND (queue IS NULL OR queue NOT IN (SELECT value FROM json_each(:limited)))
       AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= :now))
-        OR (status = 'waiting' AND wake_at <= :now)
+        OR (status IN ('waiting', 'held') AND wake_at <= :now)
         OR (status = 'running' AND lease_expires_at < :now))
     ORDER BY priority DESC, created_at, id
     LIMIT :limit
@@ -55,7 +57,7 @@ WHERE id IN (
     SELECT id FROM tether_runs
     WHERE workflow IN (SELECT value FROM json_each(:workflows)) AND queue = :queue
       AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= :now))
-        OR (status = 'waiting' AND wake_at <= :now)
+        OR (status IN ('waiting', 'held') AND wake_at <= :now)
         OR (status = 'running' AND lease_expires_at < :now))
     ORDER BY priority DESC, created_at, id
     LIMIT :limit
@@ -75,22 +77,22 @@ FROM tether_runs WHERE queue = :queue;
 -- name: next_wake_at
 SELECT min(t) FROM (
     SELECT min(wake_at) AS t FROM tether_runs
-    WHERE status IN ('pending', 'waiting') AND wake_at IS NOT NULL
+    WHERE status IN ('pending', 'waiting', 'held') AND wake_at IS NOT NULL
       AND workflow IN (SELECT value FROM json_each(:workflows))
     UNION ALL
     SELECT min(lease_expires_at) FROM tether_runs
     WHERE status = 'running' AND workflow IN (SELECT value FROM json_each(:workflows)));
 
 -- name: load_history
-SELECT seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at
-FROM tether_checkpoints WHERE run_id = :run_id ORDER BY seq;
+SELECT {checkpoint_columns} FROM tether_checkpoints WHERE run_id = :run_id ORDER BY seq;
 
 -- name: upsert_checkpoint
 -- The hot path: fenced in the same statement (no row unless the lease is held), and bound by
--- position (?1..?13), which SQLite binds markedly faster than names.
+-- position (?1..?16, rows.CHECKPOINT_PARAMS), which SQLite binds markedly faster than names.
 INSERT OR REPLACE INTO tether_checkpoints
-    (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at)
-SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11
+    (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,
+     owner, epoch, position, digest, args)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16
 WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = ?1 AND status = 'running'
                                          AND owner = ?12 AND epoch = ?13);
 
@@ -122,6 +124,18 @@ SET status = 'waiting', error = :error, failures = :failures, owner = NULL,
     lease_expires_at = NULL, wake_at = :retry_at, wake_on = NULL, updated_at = :now
 WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
 
+-- name: hold_run
+-- Replay diverged: the run is held, unfinished, until wake_at (then tried again).
+UPDATE tether_runs
+SET status = 'held', error = :error, failures = :failures, owner = NULL,
+    lease_expires_at = NULL, wake_at = :wake_at, wake_on = NULL, updated_at = :now
+WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
+
+-- name: wake_held
+UPDATE tether_runs SET wake_at = :now, updated_at = :now
+WHERE status = 'held' AND (wake_at IS NULL OR wake_at > :now)
+  AND workflow IN (SELECT value FROM json_each(:workflows));
+
 -- name: live_workflows
 -- What the workers that heartbeated since :since serve (NULL: an older worker, unknown).
 SELECT workflows FROM tether_workers WHERE heartbeat_at >= :since;
@@ -151,24 +165,27 @@ RETURNING cancel_requested;
 UPDATE tether_runs
 SET status = 'cancelled', error = :error, owner = NULL, lease_expires_at = NULL, wake_at = NULL,
     wake_on = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now
-WHERE id = :id AND status IN ('pending', 'waiting');
+WHERE id = :id AND status IN ('pending', 'waiting', 'held');
 
 -- name: cancel_owned
 UPDATE tether_runs SET cancel_requested = 1, updated_at = :now
 WHERE id = :id AND status = 'running';
 
 -- name: upsert_worker
-INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at, workflows)
-VALUES (:id, :host, :pid, :pid_token, :now, :now, :workflows)
+INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at, workflows,
+                            boot_id, pid_ns)
+VALUES (:id, :host, :pid, :pid_token, :now, :now, :workflows,
+        :boot_id, :pid_ns)
 ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
     pid_token = excluded.pid_token, heartbeat_at = excluded.heartbeat_at,
-    workflows = excluded.workflows;
+    workflows = excluded.workflows, boot_id = excluded.boot_id, pid_ns = excluded.pid_ns;
 
 -- name: touch_worker
 UPDATE tether_workers SET heartbeat_at = :now WHERE id = :id;
 
 -- name: list_workers
-SELECT id, host, pid, pid_token, started_at, heartbeat_at, workflows FROM tether_workers
+SELECT id, host, pid, pid_token, started_at, heartbeat_at, workflows, boot_id, pid_ns
+FROM tether_workers
 WHERE (:host IS NULL OR host = :host) ORDER BY id;
 
 -- name: release_worker_runs
@@ -215,7 +232,7 @@ WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch
 -- name: dedup_holder
 SELECT id FROM tether_runs
 WHERE coalesce(queue, '') = coalesce(:queue, '') AND dedup_key = :dedup_key
-  AND status IN ('pending', 'running', 'waiting');
+  AND status IN ('pending', 'running', 'waiting', 'held');
 
 -- name: insert_approval
 INSERT INTO tether_approvals (id, run_id, step, status, created_at, expires_at, updated_at,
@@ -301,11 +318,12 @@ ORDER BY "offset";
 
 -- name: resume_checkpoints
 UPDATE tether_checkpoints SET status = 'retrying', retry_at = :now
-WHERE run_id = :id AND status = 'failed';
+WHERE run_id = :id AND status = 'failed'
+  AND coalesce(position, CAST(seq AS TEXT)) = :retry;
 
 -- name: resume_run
 UPDATE tether_runs
 SET status = 'pending', result = NULL, error = NULL, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, wake_on = NULL, cancel_requested = 0, finished_at = NULL, updated_at = :now,
     failures = 0, deadline_at = :deadline_at
-WHERE id = :id AND status IN ('failed', 'dead');
+WHERE id = :id AND status IN ('failed', 'dead', 'held');

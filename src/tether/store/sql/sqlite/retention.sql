@@ -23,9 +23,9 @@ WHERE r.finished_at < :before
   AND (r.finished_at, r.id) > (:after_at, :after_id)
   AND +r.status IN ('succeeded', 'failed', 'cancelled', 'dead')
   AND NOT EXISTS (SELECT 1 FROM tether_runs p WHERE p.id = r.parent_id
-                  AND p.status IN ('pending', 'running', 'waiting'))
+                  AND p.status IN ('pending', 'running', 'waiting', 'held'))
   AND NOT EXISTS (SELECT 1 FROM tether_runs c WHERE c.parent_id = r.id
-                  AND c.status IN ('pending', 'running', 'waiting'))
+                  AND c.status IN ('pending', 'running', 'waiting', 'held'))
 ORDER BY r.finished_at, r.id
 LIMIT :limit;
 

@@ -15,9 +15,10 @@ VALUES (:run_id, :key, :version, :value, :seq, :now);
 -- Not fenced here: set_value checks the lease first in its transaction, and fork_run writes
 -- the history of the run it has just created.
 INSERT OR REPLACE INTO tether_checkpoints
-    (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at)
+    (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,
+     owner, epoch, position, digest, args)
 VALUES (:run_id, :seq, :name, :kind, :status, :result, :error, :attempts, :started_at,
-        :finished_at, :retry_at);
+        :finished_at, :retry_at, :worker, :epoch, :position, :digest, :args);
 
 -- name: latest_value
 SELECT run_id, key, version, value, seq, created_at FROM tether_values
