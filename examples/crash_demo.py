@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from rich.console import Console
@@ -67,7 +68,7 @@ def make_app(url: str) -> tuple[tether.App, tether.Workflow[[str], dict[str, obj
     def already_published(summary: dict[str, float], report_id: str) -> object:
         return tether.NOT_DONE  # a real receiver would be asked by tether.idempotency_key()
 
-    @app.step(at_most_once=True, reconcile=already_published)
+    @app.step(at_most_once=True, reconcile=already_published, timeout=timedelta(seconds=10))
     async def publish(summary: dict[str, float], report_id: str) -> str:
         journal("start", "publish")
         await asyncio.sleep(0.1)

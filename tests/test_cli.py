@@ -22,6 +22,8 @@ from click.testing import CliRunner, Result
 
 import tether
 from tether.cli import cli
+from tether.store.base import Lease, NewRun, RunStatus
+from tether.store.sqlite import SqliteStore
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TETHER_DATABASE_URL": None}
 
@@ -84,7 +86,8 @@ def test_runs_list_json_is_an_array_with_stable_keys(db: str) -> None:
     rows = {row["id"]: row for row in json.loads(result.output)}
     assert set(rows) == {"ok-run", "bad-run"}
     keys = {"id", "workflow", "status", "attempt", "failures", "owner", "created_at",
-            "updated_at", "finished_at", "error_type", "error_message", "forked_from"}  # fmt: skip
+            "updated_at", "finished_at", "error_type", "error_message", "forked_from",
+            "diverged_at"}  # fmt: skip
     assert all(set(row) == keys for row in rows.values())
     assert rows["ok-run"]["status"] == "succeeded"
     assert rows["ok-run"]["error_type"] is None
@@ -303,7 +306,7 @@ def flow_modules(module_dir: Path) -> str:
 def test_replay_check_names_the_diverging_run_where_it_differs_and_exits_1(
     flow_modules: str,
 ) -> None:
-    result = invoke("replay-check", "flow_v2:app")
+    result = invoke("replay-check", "flow_v2:app", "--all")  # r1 has finished
     assert result.exit_code == 1, result.output
     rows = [line.split() for line in result.output.splitlines() if line.split()[:1] == ["r1"]]
     assert rows == [["r1", "flow", "0", "a", "b"]]
@@ -311,28 +314,28 @@ def test_replay_check_names_the_diverging_run_where_it_differs_and_exits_1(
 
 
 def test_replay_check_of_code_that_still_replays_exits_0(flow_modules: str) -> None:
-    result = invoke("replay-check", "flow_v1:app")
+    result = invoke("replay-check", "flow_v1:app", "--all")
     assert result.exit_code == 0, result.output
     assert result.output.strip() == "1 runs checked, 0 diverge"
-    as_json = invoke("replay-check", "flow_v1:app", "--json")
+    as_json = invoke("replay-check", "flow_v1:app", "--json", "--all")
     assert as_json.exit_code == 0
     assert json.loads(as_json.output) == {"checked": 1, "diverging": []}
 
 
 def test_replay_check_json_lists_each_diverging_run_with_the_message(flow_modules: str) -> None:
-    result = invoke("replay-check", "flow_v2:app", "--json")
+    result = invoke("replay-check", "flow_v2:app", "--json", "--all")
     assert result.exit_code == 1
     doc = json.loads(result.output)
     assert doc["checked"] == 1
     [row] = doc["diverging"]
     message = row.pop("message")
-    assert row == {"run_id": "r1", "workflow": "flow", "position": 0, "recorded": "a",
+    assert row == {"run_id": "r1", "workflow": "flow", "position": "0", "recorded": "a",
                    "requested": "b"}  # fmt: skip
     assert "no longer replays" in message
 
 
 def test_replay_check_filters_runs_by_workflow_and_status(flow_modules: str) -> None:
-    other = invoke("replay-check", "flow_v2:app", "--workflow", "other", "--json")
+    other = invoke("replay-check", "flow_v2:app", "--workflow", "other", "--json", "--all")
     assert other.exit_code == 0
     assert json.loads(other.output) == {"checked": 0, "diverging": []}
     failed = invoke("replay-check", "flow_v2:app", "--status", "failed")
@@ -344,10 +347,38 @@ def test_replay_check_of_a_run_whose_workflow_is_gone_says_so(
     module_dir: Path, flow_modules: str
 ) -> None:
     (module_dir / "flow_gone.py").write_text(f"import tether\napp = tether.App({flow_modules!r})\n")
-    result = invoke("replay-check", "flow_gone:app")
+    result = invoke("replay-check", "flow_gone:app", "--all")
     assert result.exit_code == 1
     assert "does not register" in result.output
     assert result.output.splitlines()[-1] == "1 runs checked, 1 diverge"
+
+
+def test_replay_check_checks_every_unfinished_run_however_old_and_finished_ones_on_request(
+    flow_modules: str,
+) -> None:
+    """The deploy gate: an old run still waiting is checked whatever came after it; finished
+    runs (r1 here) only with --all."""
+    store = SqliteStore(flow_modules)
+
+    async def add_runs() -> None:
+        await store.open()
+        args = '{"args": [], "kwargs": {}}'
+        await store.create_run(NewRun("old-waiting", "flow", args, wake_at=1e12), 1.0)
+        for i in range(250):  # more than a page of newer runs, all finished
+            await store.create_run(NewRun(f"new-{i}", "flow", args), 10.0 + i, owner="w",
+                                   lease_until=1e12)  # fmt: skip
+            await store.finish_run(Lease(f"new-{i}", "w", 1), RunStatus.SUCCEEDED, '"ab"',
+                                   None, 11.0 + i)  # fmt: skip
+        await store.close()
+
+    asyncio.run(add_runs())
+    unfinished = json.loads(invoke("replay-check", "flow_v2:app", "--json").output)
+    assert unfinished == {"checked": 1, "diverging": []}  # old-waiting: nothing recorded yet
+    everything = json.loads(invoke("replay-check", "flow_v2:app", "--json", "--all").output)
+    assert everything["checked"] == 252
+    assert [row["run_id"] for row in everything["diverging"]] == ["r1"]
+    limited = json.loads(invoke("replay-check", "flow_v1:app", "--json", "--all", "-n", "7").output)
+    assert limited == {"checked": 7, "diverging": []}
 
 
 def test_replay_check_of_an_app_whose_database_does_not_exist_exits_1(module_dir: Path) -> None:

@@ -137,27 +137,34 @@ async def test_a_completed_step_is_not_executed_again_when_another_worker_resume
     assert flow2.name == flow1.name
 
 
-async def test_changed_step_sequence_fails_the_run_with_both_sequences_named(
+async def test_a_changed_step_sequence_holds_the_run_and_a_rollback_finishes_it(
     make_app: MakeApp,
 ) -> None:
     gate = asyncio.Event()
+    done: list[str] = []
+
+    def v1(app: tether.App, *, slow: bool) -> tether.Workflow[[], int]:
+        @app.step()
+        async def a() -> int:
+            done.append("a")
+            return 1
+
+        @app.step()
+        async def wait_here() -> int:
+            gate.set()
+            if slow:
+                await asyncio.sleep(3600)
+            done.append("wait_here")
+            return 2
+
+        @app.workflow(name="flow")
+        async def flow_v1() -> int:
+            return await a() + await wait_here()
+
+        return flow_v1
+
     first = make_app()
-
-    @first.step()
-    async def a() -> int:
-        return 1
-
-    @first.step()
-    async def wait_here() -> int:
-        gate.set()
-        await asyncio.sleep(3600)
-        return 2
-
-    @first.workflow(name="flow")
-    async def flow_v1() -> int:
-        await a()
-        return await wait_here()
-
+    flow_v1 = v1(first, slow=True)
     async with first:
         await first.start(flow_v1, id="nd")
         await asyncio.wait_for(gate.wait(), 10)
@@ -174,13 +181,27 @@ async def test_changed_step_sequence_fails_the_run_with_both_sequences_named(
 
     async with second:
         handle = await second.get("nd")
-        with pytest.raises(tether.RunFailed) as info:
-            await handle.result(timeout=10)
-    error = info.value.error
+        async with asyncio.timeout(10):
+            while (await handle.status()) is not RunStatus.HELD:
+                await asyncio.sleep(0.01)
+        with pytest.raises(tether.WaitTimeout):
+            await handle.result(timeout=0.2)  # held is not an end: callers keep waiting
+        run = await second.engine.store.get_run("nd")
+    assert run is not None
+    assert run.status is RunStatus.HELD
+    assert run.finished_at is None
+    error = json.loads(run.error or "{}")
     assert error["type"] == "tether.errors.NonDeterminismError"
+    assert error["position"] == "0"
     assert "recorded 'a' at position 0" in error["message"]
     assert "this code asked for 'b'" in error["message"]
     assert "Recorded: ['a']" in error["message"]
+
+    third = make_app()  # the bad deploy rolled back: the old code replays the run
+    v1(third, slow=False)
+    async with third:
+        assert await (await third.get("nd")).result(timeout=10) == 3
+    assert done == ["a", "wait_here"]  # `a` ran once, before the bad deploy
 
 
 async def test_new_steps_appended_after_the_recorded_history_are_allowed(
@@ -482,7 +503,7 @@ async def test_at_most_once_step_interrupted_is_reconciled_not_rerun(make_app: M
             found = [e for e in effects if e == tether.idempotency_key()]
             return {"refund": amount, "found": True} if found else tether.NOT_DONE
 
-        @app.step(at_most_once=True, reconcile=lookup)
+        @app.step(at_most_once=True, reconcile=lookup, timeout=timedelta(seconds=10))
         async def refund(amount: int) -> dict[str, object]:
             effects.append(tether.idempotency_key())
             if block:
@@ -515,7 +536,7 @@ async def test_at_most_once_step_without_reconcile_fails_with_outcome_unknown(
     calls = Counter[str]()
 
     def register(app: tether.App, block: bool) -> None:
-        @app.step(at_most_once=True)
+        @app.step(at_most_once=True, timeout=timedelta(seconds=10))
         async def publish() -> str:
             calls["publish"] += 1
             if block:
@@ -889,6 +910,51 @@ async def test_a_failed_run_resumes_after_a_fix_and_only_the_failed_step_runs_ag
     assert (published.status, published.attempts) == (tether.CheckpointStatus.COMPLETED, 2)
 
 
+async def test_resume_retries_only_the_failure_that_ended_the_run_not_a_caught_one(
+    make_app: MakeApp,
+) -> None:
+    app = make_app()
+    ran: list[str] = []
+    fixed = False
+
+    @app.step(retry=tether.NO_RETRY)
+    async def lookup() -> str:
+        ran.append("lookup")
+        if fixed:  # after the fix it would succeed: a retry would change the recorded path
+            return "found"
+        raise LookupError("not there")
+
+    @app.step(retry=tether.NO_RETRY)
+    async def publish(how: str) -> str:
+        ran.append(f"publish({how})")
+        if not fixed:
+            raise ValueError("the endpoint is down")
+        return f"published {how}"
+
+    @app.workflow()
+    async def pipeline() -> str:
+        try:
+            how = await lookup()
+        except LookupError:
+            how = "fallback"  # handled: this failure is part of the run's path
+        return await publish(how)
+
+    async with app:
+        handle = await app.start(pipeline, id="caught")
+        with pytest.raises(tether.RunFailed, match="the endpoint is down"):
+            await handle.result(timeout=10)
+        run = await app.engine.store.get_run("caught")
+        assert run is not None
+        assert json.loads(run.error or "{}")["position"] == "1"  # publish's
+        fixed = True
+        resumed = await app.resume("caught")
+        assert await resumed.result(timeout=10) == "published fallback"
+        [looked, published] = await handle.checkpoints()
+    assert ran == ["lookup", "publish(fallback)", "publish(fallback)"]
+    assert (looked.status, looked.attempts) == (tether.CheckpointStatus.FAILED, 1)
+    assert (published.status, published.attempts) == (tether.CheckpointStatus.COMPLETED, 2)
+
+
 async def test_replay_check_reports_its_progress_run_by_run(make_app: MakeApp) -> None:
     app = make_app()
 
@@ -896,12 +962,13 @@ async def test_replay_check_reports_its_progress_run_by_run(make_app: MakeApp) -
     async def plain(n: int) -> int:
         return n
 
-    progress: list[tuple[int, int]] = []
+    progress: list[tuple[int, int | None]] = []
     async with app:
         for n in range(3):
             await (await app.start(plain, n, id=f"p{n}")).result(timeout=10)
+        assert await app.replay_check() == []  # by default the unfinished runs only
         outcomes = await app.replay_check(
-            on_progress=lambda done, total: progress.append((done, total))
+            finished=True, on_progress=lambda done, total: progress.append((done, total))
         )
     assert [o.ok for o in outcomes] == [True, True, True]
     assert progress == [(1, 3), (2, 3), (3, 3)]

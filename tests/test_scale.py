@@ -59,5 +59,7 @@ async def test_ten_thousand_waiting_runs_hold_no_coroutines_or_threads(tmp_path:
           f"{threads}, waits held in memory at most {held_at_most}, all waiting after "
           f"{settled:.1f} s")  # fmt: skip
     assert held_at_most <= app.engine.settings.max_held_waits
-    assert threads <= threads_before + 3  # the store's writer thread and a few pool threads
+    # The store's writer thread, the worker's keepalive thread and its own store's writer, and
+    # a few pool threads: a constant, whatever the number of waiting runs.
+    assert threads <= threads_before + 5
     assert grown < 100 * 2**20

@@ -137,3 +137,19 @@ def test_processes_opening_one_new_file_at_once_all_open_it(tmp_path: Path) -> N
             worker.join(60)
         failed += sum(worker.exitcode != 0 for worker in workers)
     assert failed == 0
+
+
+def test_a_file_on_a_network_filesystem_is_told_apart_from_a_local_one(tmp_path: Path) -> None:
+    from tether.store.sqlite_commit import network_filesystem
+
+    mounts = tmp_path / "mounts"
+    mounts.write_text(
+        "/dev/sda1 / ext4 rw 0 0\n"
+        "server:/export /mnt/shared nfs4 rw 0 0\n"
+        "//nas/share /mnt/shared/smb cifs rw 0 0\n"
+    )
+    assert network_filesystem("/srv/app/tether.db", str(mounts)) is None
+    assert network_filesystem("/mnt/shared/app/tether.db", str(mounts)) == "nfs4"
+    assert network_filesystem("/mnt/shared/smb/tether.db", str(mounts)) == "cifs"
+    assert network_filesystem("/mnt/sharedother/tether.db", str(mounts)) is None
+    assert network_filesystem("/x.db", str(tmp_path / "missing")) is None

@@ -6,23 +6,26 @@ I/O. `app.start(workflow, ..., id=...)` creates a *run* row (the id is the idemp
 *worker* (the in-process one of `async with app:`, or `tether worker module:app`) claims
 runnable runs through the Store port: each claim takes a *lease* and bumps the run's epoch, so a
 worker that lost its lease has its next write rejected. The runner executes the workflow; every
-step call takes the next position in the run's history, and its outcome (result, error, retry
-state) is written as a *checkpoint* before the workflow sees it. After a crash, another worker
-claims the run and *replays* the workflow: recorded checkpoints return their recorded values
-without running the body, so execution continues from the first unrecorded step. Replay that
-asks for another sequence than the history raises NonDeterminismError instead of re-running
-effects. `tether.now()`, `uuid4()` and `random()` are recorded too. Waits (sleep, events from
-the run's mailbox, child runs, the first of several) are checkpoints as well: a run holds its
-worker for a short wait, then suspends, holding nothing, until the store wakes it. Retries wait
-durably: the due time of the next attempt is stored, and a long delay releases the run until
-then. Steps declared `at_most_once` write a start marker; a crash between marker and outcome is
-reconciled by a hook or fails the run with StepOutcomeUnknown, never silently re-run. On SQLite
-a single writer thread group-commits the checkpoints of many runs into one transaction and one
+step call takes a position in the run's history (its task's path among the tasks workflow code
+created, then its sequence in that task: never the order asyncio ran them in), and its outcome
+(result, error, retry state) is written as a *checkpoint* before the workflow sees it. After a
+crash, another worker claims the run and *replays* the workflow: recorded checkpoints return
+their recorded values without running the body, and nothing new runs before the whole history
+was asked for again. Replay that asks for another name or other arguments than the history holds
+*holds* the run (a rollback heals it) instead of re-running effects. `tether.now()`, `uuid4()`
+and `random()` are recorded too. Waits (sleep, events from the run's mailbox, child runs, the
+first of several) are checkpoints as well: a run holds its worker for a short wait, then
+suspends, holding nothing, until the store wakes it. Retries wait durably: the due time of the
+next attempt is stored, and a long delay releases the run until then. Steps declared
+`at_most_once` write a start marker naming their owner; an outcome in doubt (a crash, a lost
+lease, a timeout) is reconciled by a hook once the attempt is over for certain, or fails with
+StepOutcomeUnknown, never silently re-run. Leases follow the database's clock. On SQLite a
+single writer thread group-commits the checkpoints of many runs into one transaction and one
 fsync (WAL, FULL). Values are JSON (never pickle), rebuilt from type hints. A run writes chunks
 to *streams* (`tether.stream(key).write(...)`): append-only logs, offset by offset, that
 `app.read_stream` follows live; a failed step attempt's chunks are retracted by a reset marker.
-Layering, downwards only: app/cli -> approvals, streams -> core (registry, context, step, runner,
-worker, lease, handle) -> store.base -> serde, clock, errors; backends (store.sqlite,
+Layering, downwards only: app/cli -> approvals, streams -> core (registry, context, step,
+runner, worker, lease, handle) -> store.base -> serde, clock, errors; backends (store.sqlite,
 store.memory) are chosen by URL at run time.
 """
 
@@ -47,11 +50,13 @@ from tether.approvals import (
     operation_digest,
 )
 from tether.clock import to_datetime
-from tether.core.context import idempotency_key, now_seconds, patched, random, uuid4
+from tether.core.context import idempotency_key
+from tether.core.doubt import NOT_DONE
 from tether.core.handle import ForkInfo, RunHandle, RunInfo
+from tether.core.recorded import now_seconds, patched, random, uuid4
 from tether.core.retry import NO_RETRY, Retry
 from tether.core.start import ChildHandle, start_child
-from tether.core.step import NOT_DONE, Step
+from tether.core.step import Step
 from tether.core.waits import (
     Winner,
     event,

@@ -19,14 +19,14 @@ from tether.agents.tools import NeedsApproval, Tool, make_tool
 from tether.approvals import manage
 from tether.approvals.model import Approval, Decision, HistoryEntry, Reviewer
 from tether.approvals.notify import Notifier
-from tether.clock import Clock, SystemClock
+from tether.clock import Clock, DatabaseClock
 from tether.core.engine import Engine, Settings
 from tether.core.handle import RunHandle, RunInfo
 from tether.core.replay import ReplayOutcome, replay
 from tether.core.resume import resume
 from tether.core.retry import Retry
 from tether.core.start import check_run_id, create_run, new_run_id
-from tether.core.step import Step
+from tether.core.step import IN_DOUBT, Step
 from tether.core.waits import check_key
 from tether.core.worker import Worker
 from tether.core.workflow import Workflow
@@ -64,6 +64,9 @@ class Rate:
     def __post_init__(self) -> None:
         if not isinstance(self.count, int) or self.count < 1 or self.per <= timedelta(0):
             raise ConfigurationError(f"a Rate needs count >= 1 and a positive period: {self!r}")
+
+
+_PAGE = 200  # runs a replay check reads at once
 
 
 class _WorkflowDecorator:
@@ -124,7 +127,7 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         self.engine = Engine(
             store=store if store is not None else store_from_url(self.url),
             serde=Serde(max_payload=max_payload),
-            clock=clock or SystemClock(),
+            clock=clock or DatabaseClock(),
             settings=settings,
         )
         for notifier in notifiers:
@@ -200,6 +203,7 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         timeout: timedelta | None = None,
         at_most_once: bool = False,
         reconcile: Callable[..., object] | None = None,
+        in_doubt: tuple[type[BaseException], ...] = IN_DOUBT,
     ) -> _StepDecorator: ...
 
     def step(
@@ -212,8 +216,20 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         timeout: timedelta | None = None,
         at_most_once: bool = False,
         reconcile: Callable[..., object] | None = None,
+        in_doubt: tuple[type[BaseException], ...] = IN_DOUBT,
     ) -> Any:
-        """Register a function (def or async def) as a step: its result is checkpointed."""
+        """Register a function (def or async def) as a step: its result is checkpointed. An
+        `at_most_once` step needs a `timeout` shorter than the lease; an attempt that raises
+        one of `in_doubt` (or times out) may have had its effect, so it is reconciled, never
+        retried blindly."""
+        lease = self.engine.settings.lease_duration
+        if at_most_once and timeout is not None and timeout.total_seconds() >= lease:
+            raise ConfigurationError(
+                f"at-most-once step {name or getattr(fn, '__name__', '?')!r} has timeout="
+                f"{timeout}, not shorter than the lease ({lease:g}s): another worker could "
+                f"reconcile it while an attempt still runs. Shorten the timeout or raise "
+                f"App(lease_duration=...)"
+            )
 
         def register(f: Callable[..., Any]) -> Step[..., Any]:
             return Step(
@@ -223,6 +239,7 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
                 timeout=timeout,
                 at_most_once=at_most_once,
                 reconcile=reconcile,
+                in_doubt=in_doubt,
             )
 
         return register(fn) if fn is not None else _StepDecorator(register)
@@ -280,6 +297,7 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         if not self._opened:
             await self.engine.store.open()
             self._opened = True
+            await self.engine.sync_clock()
 
     async def close(self) -> None:
         worker = self.engine.worker
@@ -399,22 +417,42 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         *,
         workflow: str | None = None,
         status: RunStatus | str | None = None,
-        limit: int = 1000,
-        on_progress: Callable[[int, int], object] | None = None,
+        finished: bool = False,
+        limit: int | None = None,
+        on_progress: Callable[[int, int | None], object] | None = None,
     ) -> list[ReplayOutcome]:
         """Replay stored histories against the workflows registered now, executing nothing:
-        one outcome per run (newest first); `outcome.first_difference` says where one diverges.
-        `on_progress(done, total)` is called after each run."""
-        outcomes = []
-        runs = await self.list_runs(status=status, workflow=workflow, limit=limit)
-        for done, info in enumerate(runs, start=1):
-            record = await self.engine.store.get_run(info.id)
-            if record is not None:
-                history = await self.engine.store.load_history(info.id)
+        one outcome per run, newest first; `outcome.first_difference` says where one
+        diverges. By default every unfinished run (pending, running, waiting, held), however
+        many and however old; with `finished` every run, or those of one `status`; at most
+        `limit`. `on_progress(done, total)` is called after each run (total None when
+        unknown)."""
+        await self.open()
+        store = self.engine.store
+        if status is not None:
+            statuses = [RunStatus(status)]
+        else:
+            statuses = [s for s in RunStatus if finished or not s.terminal]
+        total: int | None = None
+        if workflow is None:
+            counts = (await store.stats()).runs
+            total = sum(counts.get(s, 0) for s in statuses)
+            total = total if limit is None else min(total, limit)
+        outcomes: list[ReplayOutcome] = []
+        before: tuple[float, str] | None = None
+        while limit is None or len(outcomes) < limit:
+            room = _PAGE if limit is None else min(_PAGE, limit - len(outcomes))
+            page = await store.list_runs(statuses=statuses, workflow=workflow, limit=room,
+                                         before=before)  # fmt: skip
+            if not page:
+                break
+            for record in page:
+                history = await store.load_history(record.id)
                 outcomes.append(await replay(self.engine, record.id, record.workflow,
                                              record.args, history))  # fmt: skip
-            if on_progress is not None:
-                on_progress(done, len(runs))
+                if on_progress is not None:
+                    on_progress(len(outcomes), total)
+            before = (page[-1].created_at, page[-1].id)
         return outcomes
 
     async def list_runs(

@@ -1,13 +1,16 @@
 """The injected source of time: the engine reads time and sleeps only through a Clock.
 
-Tests swap in a fake clock (tether.testing) so timers and backoffs are instant; this module holds
-no engine logic and imports nothing from Tether.
+Apps keep one clock for every worker of a database: the database server's where it has one
+(PostgreSQL), read through this process's monotonic clock so that a step of the local wall
+clock does not move it. Tests swap in a fake clock (tether.testing) so timers and backoffs
+are instant. This module holds no engine logic and imports nothing from Tether.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -28,6 +31,36 @@ class SystemClock:
 
     async def sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds))
+
+
+class DatabaseClock:
+    """The database's clock, read locally: the monotonic clock plus an offset measured against
+    the server (`sync`) whenever the worker heartbeats. Leases, claims, timers and
+    `tether.now()` of every worker then agree, whatever each machine's wall clock says. Where
+    the database has no clock of its own (SQLite, memory), `sync` takes the local wall clock.
+    now() is safe to read from any thread."""
+
+    def __init__(self) -> None:
+        self._offset = time.time() - time.monotonic()
+        self.skew: float | None = None  # how far the local wall clock is ahead of the server's
+
+    def now(self) -> float:
+        return time.monotonic() + self._offset
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+    async def sync(self, read: Callable[[], Awaitable[float | None]]) -> None:
+        """Measure the offset again with `read` (the server's time, or None for none)."""
+        before = time.monotonic()
+        server = await read()
+        after = time.monotonic()
+        if server is None:
+            self._offset, self.skew = time.time() - after, None
+            return
+        # The reading was taken somewhere in the round trip: its middle is the best guess.
+        self._offset = server - (before + after) / 2
+        self.skew = time.time() - self.now()
 
 
 def to_datetime(seconds: float) -> datetime:

@@ -102,9 +102,13 @@ class NonDeterminismError(TetherError):
         *,
         recorded: list[str] | None = None,
         requested: list[str] | None = None,
+        position: str | None = None,
+        difference: tuple[str | None, str | None] = (None, None),
     ) -> None:
         self.recorded = recorded or []
         self.requested = requested or []
+        self.position = position  # where replay first differs from the history, if known
+        self.difference = difference  # (recorded, requested) there; None: nothing on that side
         super().__init__(message)
 
 

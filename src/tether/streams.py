@@ -19,10 +19,11 @@ import json
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from tether.core.context import MISSING, RunContext, StepContext, current_scope
+from tether.core.context import StepContext, current_scope
 from tether.core.engine import Engine
+from tether.core.execution import MISSING, RunContext
 from tether.errors import ConfigurationError, RunNotFound
-from tether.store.base import Checkpoint, CheckpointStatus
+from tether.store.base import CheckpointStatus
 from tether.store.stream_rows import StreamAppend, StreamEntry, StreamKind
 
 BATCH = 256  # a step's buffered chunks are appended when this many wait...
@@ -92,13 +93,17 @@ def stream(key: str) -> Stream:
 async def _write_from_workflow(ctx: RunContext, key: str, text: str) -> None:
     """One chunk, once: replay finds the checkpoint and skips it; a crash between the append
     and the checkpoint leaves the append, which the store finds again by its ref."""
-    if ctx.abandoned is not None:
-        raise ctx.abandoned
-    seq, name, recorded = ctx.slot(f"stream:{key}", "stream")
-    if recorded is not None:
+    slot = ctx.slot(f"stream:{key}", "stream")
+    if slot.recorded is not None:
         return
+    name = slot.name
     engine = ctx.engine
     entry = StreamAppend(StreamKind.CHUNK, text, writer=name, attempt=0, ref=name)
+    await ctx.at_frontier()
+    if ctx.pending:
+        # Recorded helpers first, like before every other effect: the chunk may hold a value
+        # (a uuid4, a now) that replay must give back as it is.
+        await ctx.flush()
 
     async def append() -> list[int]:
         return await engine.store.append_stream(ctx.lease, key, [entry], engine.clock.now())
@@ -108,9 +113,8 @@ async def _write_from_workflow(ctx: RunContext, key: str, text: str) -> None:
     now = engine.clock.now()
     # Written with the next checkpoint, like the recorded helpers: losing it only means that
     # replay appends again, which the ref turns into a look-up.
-    ctx.pending.append(Checkpoint(seq=seq, name=name, kind="stream",
-                                  status=CheckpointStatus.COMPLETED, result=str(offsets[0]),
-                                  attempts=1, started_at=now, finished_at=now))  # fmt: skip
+    ctx.pending.append(slot.checkpoint(CheckpointStatus.COMPLETED, result=str(offsets[0]),
+                                       attempts=1, started_at=now, finished_at=now))  # fmt: skip
 
 
 def _writer(ctx: RunContext, step: StepContext, key: str) -> _StepWriter:

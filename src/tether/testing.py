@@ -22,7 +22,8 @@ from tether.errors import ConfigurationError, NonDeterminismError, RunNotFound
 from tether.store.base import Checkpoint, CheckpointStatus, RunStatus
 from tether.store.memory import MemoryStore
 
-HISTORY_FORMAT = "tether.history/1"
+HISTORY_FORMAT = "tether.history/2"  # /2: positions and argument digests
+_FORMATS = ("tether.history/1", HISTORY_FORMAT)  # /1: every checkpoint at position = seq
 
 
 class FakeClock:
@@ -104,6 +105,10 @@ async def run_until_idle(app: App, *, advance: bool = True, timeout: float = 30.
             await asyncio.sleep(0.005)  # let the worker claim what is due
 
 
+# Times, and who wrote a checkpoint under which lease: nothing replay looks at.
+_NOT_EXPORTED = ("started_at", "finished_at", "owner", "epoch")
+
+
 async def export_history(app: App, run_id: str) -> dict[str, Any]:
     """A run's recorded history as a JSON-ready dict (what `check_history` replays)."""
     await app.open()
@@ -118,8 +123,8 @@ async def export_history(app: App, run_id: str) -> dict[str, Any]:
         "args": json.loads(record.args),
         "status": record.status.value,
         "checkpoints": [
-            {k: v for k, v in asdict(c).items() if k not in ("started_at", "finished_at")}
-            | {"status": c.status.value}
+            {k: v for k, v in asdict(c).items() if k not in _NOT_EXPORTED}
+            | {"status": c.status.value, "position": c.at}
             for c in checkpoints
         ],
     }
@@ -127,7 +132,7 @@ async def export_history(app: App, run_id: str) -> dict[str, Any]:
 
 async def check_history(app: App, history: dict[str, Any]) -> ReplayOutcome:
     """Replay an exported history against the workflows registered on `app`, running nothing."""
-    if history.get("format") != HISTORY_FORMAT:
+    if history.get("format") not in _FORMATS:
         raise ConfigurationError(
             f"not a Tether history (format {history.get('format')!r}, expected "
             f"{HISTORY_FORMAT!r}); export one with tether.testing.export_history"

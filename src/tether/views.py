@@ -67,7 +67,17 @@ def run_json(info: RunInfo) -> dict[str, Any]:
         "error_type": error.get("type"),
         "error_message": None if message is None else redact_text(str(message)),
         "forked_from": fork_json(info.fork),
+        # Where a held run's replay first differed from its history (the message says how).
+        "diverged_at": error.get("position") if str(info.status) == "held" else None,
     }  # fmt: skip
+
+
+def held_reason(run_id: str) -> str:
+    """What an operator can do about a held run, in one line."""
+    return (f"its replay diverged from its history under the deployed code; deploy code that "
+            f"replays it (roll the change back, or gate it with tether.patched), and a worker "
+            f"takes it on again; `tether runs resume {run_id}` tries at once, `tether runs "
+            f"cancel {run_id}` gives up on it")  # fmt: skip
 
 
 def fork_json(fork: ForkInfo | None) -> dict[str, Any] | None:
@@ -90,9 +100,10 @@ def checkpoint_json(cp: Checkpoint) -> dict[str, Any]:
     if cp.started_at is not None and cp.finished_at is not None:
         duration = round((cp.finished_at - cp.started_at) * 1000, 3)
     return {
-        "seq": cp.seq, "name": cp.name, "kind": cp.kind, "status": str(cp.status),
-        "attempts": cp.attempts, "duration_ms": duration,
-        "result": stored(cp.result), "error": stored_error(cp.error),
+        "seq": cp.seq, "position": cp.at, "name": cp.name, "kind": cp.kind,
+        "status": str(cp.status), "attempts": cp.attempts, "duration_ms": duration,
+        "arguments": stored(cp.args), "result": stored(cp.result),
+        "error": stored_error(cp.error),
     }  # fmt: skip
 
 

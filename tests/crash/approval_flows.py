@@ -106,7 +106,7 @@ def make_app(
                 return result
         return tether.NOT_DONE
 
-    @app.step(at_most_once=True, reconcile=recorded_act)
+    @app.step(at_most_once=True, reconcile=recorded_act, timeout=timedelta(seconds=10))
     async def act(text: str) -> str:
         count()
         result = f"deployed({text})"

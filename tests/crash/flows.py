@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,7 @@ def make_app(db: str | Path, side_dir: str | Path | None = None) -> tether.App:
                 return result
         return tether.NOT_DONE
 
-    @app.step(at_most_once=True, reconcile=recorded_charge)
+    @app.step(at_most_once=True, reconcile=recorded_charge, timeout=timedelta(seconds=10))
     async def charge(text: str) -> str:
         name = await begin()
         result = f"receipt({text})"

@@ -16,15 +16,15 @@ HERE = Path(__file__).parent
 COMPATIBLE = sorted(p for p in HERE.glob("*.json") if "nondeterministic" not in p.name)
 
 
-def current_app() -> tether.App:
+def current_app(**versions: int) -> tether.App:
     app = tether.App("memory://")
-    flows.register(app)
+    flows.register(app, **versions)
     return app
 
 
 def test_the_golden_folder_holds_histories_of_every_kind() -> None:
     names = {p.stem for p in HERE.glob("*.json")}
-    assert {"order_v2", "greet", "batch", "order_v1_nondeterministic"} <= names
+    assert {"order_v2", "greet", "batch", "order_v1_nondeterministic", "survey"} <= names
 
 
 @pytest.mark.parametrize("path", COMPATIBLE, ids=[p.stem for p in COMPATIBLE])
@@ -65,3 +65,39 @@ async def test_a_history_whose_arguments_no_longer_fit_the_workflow_fails_with_a
     outcome = await check_history(current_app(), history)
     assert outcome.error is not None
     assert "no longer fit workflow 'batch'" in str(outcome.error)
+
+
+async def test_a_concurrent_history_replays_whatever_order_its_tasks_finished_in() -> None:
+    history = json.loads((HERE / "survey.json").read_text())
+    names = [c["name"] for c in sorted(history["checkpoints"], key=lambda c: c["seq"])]
+    # Recorded as the branches finished: the last one first.
+    assert names[:3] == ["measure@0", "measure@1", "measure@2"]
+    assert names.index("measure@2#2") < names.index("measure@0#2")
+    reordered = dict(history)
+    reordered["checkpoints"] = [
+        dict(c, seq=len(history["checkpoints"]) - 1 - c["seq"]) for c in history["checkpoints"]
+    ]  # as if they had finished in the opposite order
+    await assert_replays(current_app(), history)
+    await assert_replays(current_app(), reordered)
+
+
+async def test_a_concurrent_history_cut_short_replays_as_far_as_it_goes() -> None:
+    history = json.loads((HERE / "survey.json").read_text())
+    in_order = sorted(history["checkpoints"], key=lambda c: c["seq"])
+    for keep in (1, 4, 9, 12, 16):
+        cut = dict(history, checkpoints=in_order[:keep])  # as if the run were still going
+        assert (await check_history(current_app(), cut)).ok, keep
+
+
+async def test_a_branch_calling_a_step_with_other_arguments_fails_with_both_named() -> None:
+    history = json.loads((HERE / "survey.json").read_text())
+    outcome = await check_history(current_app(survey_version=0), history)
+    assert outcome.error is not None
+    assert outcome.first_difference is not None
+    position, recorded, requested = outcome.first_difference
+    assert (recorded, requested) == (recorded, recorded)  # the same step: other arguments
+    assert position is not None
+    assert position.endswith("/0")  # a branch's first checkpoint
+    assert "with other arguments" in str(outcome.error)
+    assert '"args":["north",120]' in str(outcome.error)
+    assert '"args":["north",121]' in str(outcome.error)

@@ -25,12 +25,13 @@ from tether.approvals.model import (
 )
 from tether.approvals.notify import Webhook, deliver_webhook, notify
 from tether.approvals.rules import expire, outcome
-from tether.core.context import MISSING, Abandon, RunContext, current_run
+from tether.core.context import current_run
+from tether.core.execution import MISSING, RunContext
 from tether.core.waits import EventWait, Plan, TimerWait, check_duration, wait
 from tether.errors import ConfigurationError, NonDeterminismError
 from tether.redact import redact
 from tether.store.approval_rows import ApprovalRecord, approval_key
-from tether.store.base import Checkpoint, CheckpointStatus
+from tether.store.base import CheckpointStatus
 
 log = logging.getLogger("tether.approvals")
 
@@ -68,26 +69,27 @@ async def approval(
     ctx = current_run("approval")
     serde = ctx.engine.serde
     base = "approval" if key is None else f"approval:{check_approval_key(key)}"
-    seq, name, recorded = ctx.slot(base, "approval")
+    slot = ctx.slot(base, "approval")
+    name, recorded = slot.name, slot.recorded
     digest = operation_digest(ctx.run_id, name, json.loads(serde.dumps(operation)))
     aid = approval_id(ctx.run_id, name)
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
         info = ctx.decode(recorded, lambda: dict(json.loads(recorded.result or "{}")))
         if info.get("digest") != digest:
-            raise Abandon(NonDeterminismError(
+            raise ctx.abandon(NonDeterminismError(
                 f"approval {name!r} of run {ctx.run_id!r} was asked for an operation with "
                 f"digest {info.get('digest')}, this code asks for {digest}: the operation "
                 f"changed, so the recorded decision does not apply to it. Let the run finish on "
-                f"the old code, or start it anew.",
-                recorded=[name], requested=[name],
+                f"the old code (it is held until code that replays it comes), or start it anew.",
+                recorded=[name], requested=[name], position=slot.position,
             ))  # fmt: skip
     else:
         stored = await _create(ctx, aid, name, digest, spec, operation, context)
         info = {"id": aid, "digest": digest, "expires_at": stored.expires_at}
         now = ctx.engine.clock.now()
-        await ctx.write(Checkpoint(seq=seq, name=name, kind="approval", attempts=1,
-                                   status=CheckpointStatus.COMPLETED, result=json.dumps(info),
-                                   started_at=now, finished_at=now))  # fmt: skip
+        await ctx.write(slot.checkpoint(CheckpointStatus.COMPLETED, attempts=1,
+                                        result=json.dumps(info), started_at=now,
+                                        finished_at=now))  # fmt: skip
     await notify(ctx, aid, "requested")
     plan = Plan({"decision": EventWait(approval_key(aid)),
                  "expiry": TimerWait(at=info["expires_at"])})  # fmt: skip
@@ -151,6 +153,7 @@ async def _create(
 ) -> ApprovalRecord:  # fmt: skip
     engine = ctx.engine
     serde = engine.serde
+    await ctx.at_frontier()
     if ctx.pending:
         await ctx.flush()
     now = engine.clock.now()
@@ -184,7 +187,8 @@ async def _starter(ctx: RunContext) -> str | None:
     """Who started the run, or the nearest ancestor run someone started."""
     run_id: str | None = ctx.run_id
     while run_id is not None:
-        run = await ctx.engine.store.get_run(run_id)
+        with ctx.io():
+            run = await ctx.engine.store.get_run(run_id)
         if run is None:
             return None
         if run.started_by is not None:
@@ -195,7 +199,8 @@ async def _starter(ctx: RunContext) -> str | None:
 
 async def _expire(ctx: RunContext, aid: str, name: str) -> dict[str, Any]:
     """The expiry timer won: close the approval (a decision that raced in first stands)."""
-    seq, slot_name, recorded = ctx.slot(f"{name}:expiry", "approval-expiry")
+    slot = ctx.slot(f"{name}:expiry", "approval-expiry")
+    recorded = slot.recorded
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
         return ctx.decode(recorded, lambda: dict(json.loads(recorded.result or "{}")))
     store, clock = ctx.engine.store, ctx.engine.clock
@@ -207,9 +212,9 @@ async def _expire(ctx: RunContext, aid: str, name: str) -> dict[str, Any]:
     stored: ApprovalRecord = await ctx.durable(call, call)
     value = {"status": stored.status, **json.loads(stored.decision or "{}")}
     now = clock.now()
-    await ctx.write(Checkpoint(seq=seq, name=slot_name, kind="approval-expiry", attempts=1,
-                               status=CheckpointStatus.COMPLETED, result=json.dumps(value),
-                               started_at=now, finished_at=now))  # fmt: skip
+    await ctx.write(slot.checkpoint(CheckpointStatus.COMPLETED, attempts=1,
+                                    result=json.dumps(value), started_at=now,
+                                    finished_at=now))  # fmt: skip
     return value
 
 
@@ -237,7 +242,8 @@ async def report(decision: Decision, what: str, detail: Any) -> None:
     if not isinstance(what, str) or not what:
         raise ConfigurationError(f"report() takes a non-empty outcome str, not {what!r}")
     ctx = current_run("report")
-    seq, name, recorded = ctx.slot(f"outcome:{decision.step}", "approval-outcome")
+    slot = ctx.slot(f"outcome:{decision.step}", "approval-outcome")
+    name, recorded = slot.name, slot.recorded
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
         return
     serde, store, clock = ctx.engine.serde, ctx.engine.store, ctx.engine.clock
@@ -251,6 +257,5 @@ async def report(decision: Decision, what: str, detail: Any) -> None:
 
     await ctx.durable(call, call)  # recorded once by its ref, so calling again is safe
     now = clock.now()
-    await ctx.write(Checkpoint(seq=seq, name=name, kind="approval-outcome", attempts=1,
-                               status=CheckpointStatus.COMPLETED, result="null",
-                               started_at=now, finished_at=now))  # fmt: skip
+    await ctx.write(slot.checkpoint(CheckpointStatus.COMPLETED, attempts=1, result="null",
+                                    started_at=now, finished_at=now))  # fmt: skip

@@ -25,8 +25,8 @@ from tether.errors import ConfigurationError, PermanentError
 from tether.webhooks import SIGNATURE_HEADER, sign
 
 if TYPE_CHECKING:
-    from tether.core.context import RunContext
     from tether.core.engine import Engine
+    from tether.core.execution import RunContext
 
 log = logging.getLogger("tether.approvals")
 
@@ -81,9 +81,9 @@ async def notify(ctx: RunContext, approval_id: str, what: str) -> None:
     step where the history holds one and skips where the history holds something else, so
     adding or removing notifiers never breaks the replay of runs in flight; with none, no
     checkpoint is written."""
-    at = ctx.peek()
+    at, name = ctx.peek(_NOTIFY.name)
     if at is not None:
-        if at.kind != "step" or at.name != ctx.next_name(_NOTIFY.name):
+        if at.kind != "step" or at.name != name:
             return  # recorded without notifiers
     elif ctx.replaying() or not ctx.engine.notifiers:
         return

@@ -36,15 +36,17 @@ def divergence_json(outcome: ReplayOutcome) -> dict[str, Any]:
     "--status",
     "-s",
     type=click.Choice([s.value for s in RunStatus]),
-    help="Only runs in this status.",
+    help="Only runs in this status (default: every unfinished one).",
+)
+@click.option(
+    "--all", "finished", is_flag=True, help="Finished runs too, not only the unfinished ones."
 )
 @click.option(
     "--limit",
     "-n",
     type=click.IntRange(min=1),
-    default=1000,
-    show_default=True,
-    help="At most this many runs, newest first.",
+    default=None,
+    help="At most this many runs, newest first (default: all).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of a table.")
 @click.pass_context
@@ -53,14 +55,17 @@ def replay_check(
     app_ref: str,
     workflow: str | None,
     status: str | None,
-    limit: int,
+    finished: bool,
+    limit: int | None,
     as_json: bool,
 ) -> None:
     """Check that stored runs still replay under the current code.
 
     Replays the histories in the database of the App at MODULE:APP against the workflows it
-    registers now; nothing is executed or written. Lists the runs whose history the code no
-    longer replays, with where they first differ; exits 1 if any do (gate deploys on it).
+    registers now; nothing is executed or written. By default every unfinished run (pending,
+    running, waiting, held), however old: the runs a deploy of this code would take on. Lists
+    the runs whose history the code no longer replays, with where they first differ; exits 1
+    if any do (gate deploys on it).
     """
     app = load_app(app_ref)
     require_database(app.url, f"{app_ref} has no stored runs to check")
@@ -69,12 +74,12 @@ def replay_check(
                   disable=as_json or not sys.stderr.isatty()) as bar:  # fmt: skip
         task = bar.add_task("replay", total=None)
 
-        def advance(done: int, total: int) -> None:
+        def advance(done: int, total: int | None) -> None:
             bar.update(task, completed=done, total=total)
 
         def check(a: App) -> Awaitable[list[ReplayOutcome]]:
-            return a.replay_check(workflow=workflow, status=status, limit=limit,
-                                  on_progress=advance)  # fmt: skip
+            return a.replay_check(workflow=workflow, status=status, finished=finished,
+                                  limit=limit, on_progress=advance)  # fmt: skip
 
         outcomes = run_app(app, check)
     diverging = [o for o in outcomes if not o.ok]

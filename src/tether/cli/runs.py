@@ -29,7 +29,7 @@ from tether.core.handle import ForkInfo, RunInfo
 from tether.redact import redact
 from tether.store.base import Checkpoint, RunStatus
 from tether.values import ValueInfo
-from tether.views import checkpoint_json, fork_json, run_json, value_json
+from tether.views import checkpoint_json, fork_json, held_reason, run_json, value_json
 
 
 def dead_reason(info: RunInfo) -> str:
@@ -139,11 +139,12 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
         rows.append(("forks", ", ".join(f"{f.run_id} (from step {f.from_step})"
                                         for f in links.forks)))  # fmt: skip
     out.print(fields_grid(rows))
-    steps = new_table("#", "name", "kind", "status", "attempts", "ms", "error", title="steps")
+    steps = new_table("position", "name", "kind", "status", "attempts", "ms", "error",
+                      title="steps")  # fmt: skip
     for cp in checkpoints:
         row = checkpoint_json(cp)
         ms = "" if row["duration_ms"] is None else f"{row['duration_ms']:.1f}"
-        steps.add_row(str(cp.seq), cp.name, cp.kind, status_text(cp.status), str(cp.attempts),
+        steps.add_row(cp.at, cp.name, cp.kind, status_text(cp.status), str(cp.attempts),
                       ms, first_line(row["error"]))  # fmt: skip
     out.print(steps if checkpoints else Text("no steps recorded", style="dim"))
     if values:
@@ -158,6 +159,11 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
         return
     if info.status is RunStatus.DEAD:
         out.print(Text("dead-lettered ", style="bold red") + Text(dead_reason(info)))
+    elif info.status is RunStatus.HELD:
+        out.print(Text("held ", style="bold yellow") + Text(held_reason(info.id)))
+        if isinstance(shown_error, dict):  # the whole divergence: both sequences, the diff
+            out.print(Text(str(shown_error.get("message", ""))))
+        return
     elif info.failures and info.error:  # not dead yet: the last failed execution
         out.print(Text(f"failed executions in a row: {info.failures} ", style="bold yellow")
                   + Text("(tried again after a backoff)"))  # fmt: skip
@@ -204,11 +210,12 @@ def runs_cancel(ctx: click.Context, run_id: str) -> None:
 @click.argument("run_id", metavar="ID")
 @click.pass_context
 def runs_resume(ctx: click.Context, run_id: str) -> None:
-    """Give a failed or dead run another go, once its cause is fixed (deploy the fix first).
+    """Give a failed, dead or held run another go, once its cause is fixed (deploy it first).
 
-    Completed steps replay from their checkpoints; each step whose failure ended the run gets
-    one more attempt under the current code; a dead run's count of failed executions starts
-    over. A worker (`tether worker`) picks the run up.
+    Completed steps replay from their checkpoints; the step whose failure ended the run gets
+    one more attempt under the current code (failures the workflow caught stay as recorded);
+    a dead run's count of failed executions starts over; a held run is tried again at once. A
+    worker (`tether worker`) picks the run up.
     """
 
     async def work(app: App) -> RunStatus:

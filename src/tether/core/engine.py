@@ -7,14 +7,17 @@ worker and the step machinery receive it. It never imports a backend.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tether.clock import Clock
+from tether.clock import Clock, DatabaseClock
 from tether.core.observe import Observer, combine
 from tether.serde import Serde
 from tether.store.base import QueueLimits, RunRecord, Store
+
+log = logging.getLogger("tether.worker")
 
 if TYPE_CHECKING:
     from tether.core.worker import Worker
@@ -41,6 +44,15 @@ class Settings:
     max_failure_backoff: float = 60.0
     unserved_grace: float | None = 600.0
     unserved_check: float = 60.0
+    # A held run (its replay diverged) is tried again after failure_backoff seconds, doubled
+    # each time up to held_retry_max, and at once whenever a worker starts.
+    held_retry_max: float = 300.0
+    # How long a stopping worker waits for sync step bodies (threads cannot be interrupted).
+    shutdown_grace: float = 15.0
+    # Leases are extended from a thread of the worker's own (on a second database handle),
+    # unless the event loop has not run for max_loop_stall seconds (then it is taken for stuck).
+    keepalive_thread: bool = True
+    max_loop_stall: float = 60.0
 
 
 @dataclass(slots=True)
@@ -56,7 +68,7 @@ class Engine:
 
     # Futures of waits held in memory, by run: resolved when the run may have news (an event,
     # a child's end), so the wait looks again at once instead of at its next timer.
-    wake_futures: dict[str, set[asyncio.Future[None]]] = field(default_factory=dict)
+    wake_futures: dict[str, set[asyncio.Future[object]]] = field(default_factory=dict)
     worker: Worker | None = None  # this process's worker, while it runs
     # Told of approvals asked and decided (tether.approvals.Notifier); kept here so workflow
     # code finds them through its run, the engine itself never calls them.
@@ -76,17 +88,47 @@ class Engine:
     # schedules, retention): each is called with the worker and loops until cancelled.
     services: dict[str, Callable[[Worker], Awaitable[None]]] = field(default_factory=dict)
 
+    # Threads running sync step bodies now, by (run id, checkpoint name): see track().
+    threads: dict[tuple[str, str], asyncio.Future[Any]] = field(default_factory=dict)
+    _skew_told: float = 0.0  # the clock skew last logged
+
+    async def sync_clock(self) -> None:
+        """Measure the database's clock again (a DatabaseClock; other clocks are left alone)."""
+        if isinstance(self.clock, DatabaseClock):
+            await self.clock.sync(self.store.database_time)
+            skew = self.clock.skew
+            if skew is not None and abs(skew) > 1.0 and abs(skew - self._skew_told) > 1.0:
+                self._skew_told = skew
+                log.warning("this machine's clock is %+.1fs off the database server's; "
+                            "Tether keeps to the server's (leases, timers)", skew)  # fmt: skip
+
+    def track(self, key: tuple[str, str], thread: asyncio.Future[Any]) -> None:
+        """A sync step body runs in a thread for (run id, checkpoint name): threads cannot be
+        stopped, so shutdown and at-most-once reconciliation wait for them."""
+        self.threads[key] = thread
+        thread.add_done_callback(lambda _: self._untrack(key, thread))
+
+    def _untrack(self, key: tuple[str, str], thread: asyncio.Future[Any]) -> None:
+        if self.threads.get(key) is thread:
+            del self.threads[key]
+
+    async def thread_over(self, key: tuple[str, str]) -> None:
+        """Until the thread running the body of (run id, checkpoint name) here, if any, ended."""
+        thread = self.threads.get(key)
+        if thread is not None:
+            await asyncio.wait({thread})
+
     def observe(self, observer: Observer) -> None:
         """Tell `observer` of every run execution and step attempt from now on (after the
         observers installed before it)."""
         self.observer = combine(self.observer, observer)
 
-    def wake_future(self, run_id: str) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def wake_future(self, run_id: str) -> asyncio.Future[object]:
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self.wake_futures.setdefault(run_id, set()).add(future)
         return future
 
-    def drop_wake_future(self, run_id: str, future: asyncio.Future[None]) -> None:
+    def drop_wake_future(self, run_id: str, future: asyncio.Future[object]) -> None:
         futures = self.wake_futures.get(run_id)
         if futures is not None:
             futures.discard(future)

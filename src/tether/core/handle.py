@@ -108,7 +108,8 @@ class RunHandle(Generic[R]):
         return (await self._record()).status
 
     async def checkpoints(self) -> list[Checkpoint]:
-        """The run's recorded history, in the order the workflow asked for it."""
+        """The run's recorded history, in the order its checkpoints were first recorded (each
+        with its position: concurrent tasks of the workflow record in the order they end)."""
         await self._record()
         return await self._engine.store.load_history(self.id)
 

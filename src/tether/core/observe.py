@@ -32,6 +32,7 @@ class RunOutcome(StrEnum):
     DEAD = "dead"  # dead-lettered: the engine could not execute it, max_executions in a row
     SUSPENDED = "suspended"  # released to wait (a timer, an event, a durable retry delay)
     ERRORED = "errored"  # failed outside the workflow's code; released to be tried again
+    HELD = "held"  # replay diverged from the history: held for code that replays it
     ABANDONED = "abandoned"  # stopped without an outcome: lease lost, store gone, worker stop
 
 

@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from tether.core.context import _RUN, Abandon, EndOfHistory, RunContext
+from tether.core.context import _RUN
 from tether.core.engine import Engine
+from tether.core.execution import RunContext
+from tether.core.positions import install
+from tether.core.signals import Abandon, EndOfHistory
 from tether.errors import NonDeterminismError, SerializationError
 from tether.store.base import Checkpoint, Lease
 
@@ -27,18 +30,14 @@ class ReplayOutcome:
         return self.error is None
 
     @property
-    def first_difference(self) -> tuple[int, str | None, str | None] | None:
+    def first_difference(self) -> tuple[str | None, str | None, str | None] | None:
         """(position, recorded name, requested name) where replay first differs; None if ok.
-        A None name means that side has no checkpoint there."""
+        A None name means that side has no checkpoint there (a None position: the run could
+        not start replaying at all)."""
         if self.error is None:
             return None
-        recorded, requested = self.error.recorded, self.error.requested
-        for i in range(max(len(recorded), len(requested))):
-            a = recorded[i] if i < len(recorded) else None
-            b = requested[i] if i < len(requested) else None
-            if a != b:
-                return i, a, b
-        return len(recorded), None, None
+        recorded, requested = self.error.difference
+        return self.error.position, recorded, requested
 
 
 async def replay(
@@ -56,37 +55,43 @@ async def replay(
         run_id,
         workflow,
         Lease(run_id, "replay", -1),
-        {c.seq: c for c in history},
+        {c.at: c for c in history},
         replay_only=True,
     )
 
     async def body() -> None:
         _RUN.set(ctx)
+        ctx.begin()
         try:
-            positional, keywords = wf.decode_args(engine.serde, args)
-        except Exception as exc:  # the signature changed: this run cannot even start again
-            raise Abandon(NonDeterminismError(
-                f"run {run_id!r}: its recorded arguments no longer fit workflow {workflow!r} "
-                f"({type(exc).__name__}: {exc})"
-            )) from None  # fmt: skip
-        try:
+            try:
+                positional, keywords = wf.decode_args(engine.serde, args)
+            except Exception as exc:  # the signature changed: this run cannot even start again
+                raise ctx.abandon(NonDeterminismError(
+                    f"run {run_id!r}: its recorded arguments no longer fit workflow "
+                    f"{workflow!r} ({type(exc).__name__}: {exc})"
+                )) from None  # fmt: skip
             await wf.fn(*positional, **keywords)
-        except (EndOfHistory, Abandon):
-            raise
         except Exception:  # noqa: S110 - the workflow's own failure is part of its history
             pass
-        missing = ctx.unreplayed()
-        if missing is not None:
-            raise Abandon(ctx.divergence(missing))
+        except BaseException:
+            # The execution's end (a signal, a cancellation, a TaskGroup's group of them):
+            # ctx.ending says how. Anything else (a cancellation from outside) goes on.
+            if ctx.ending is None:
+                raise
+        finally:
+            await ctx.close()
 
-    try:
-        await asyncio.create_task(body())
-    except EndOfHistory:
-        pass
-    except Abandon as abandon:
-        if isinstance(abandon.cause, NonDeterminismError):
-            return ReplayOutcome(run_id, workflow, abandon.cause)
-        if isinstance(abandon.cause, SerializationError):  # a checkpoint it cannot decode
-            return ReplayOutcome(run_id, workflow, NonDeterminismError(str(abandon.cause)))
-        raise
+    install(asyncio.get_running_loop())
+    await asyncio.get_running_loop().create_task(body())
+    ending = ctx.ending
+    if isinstance(ending, Abandon):
+        if isinstance(ending.cause, NonDeterminismError):
+            return ReplayOutcome(run_id, workflow, ending.cause)
+        if isinstance(ending.cause, SerializationError):  # a checkpoint it cannot decode
+            return ReplayOutcome(run_id, workflow, NonDeterminismError(str(ending.cause)))
+        raise ending.cause
+    if not isinstance(ending, EndOfHistory):  # the workflow's code ran to its end
+        diverged = ctx.unreplayed()
+        if diverged is not None:
+            return ReplayOutcome(run_id, workflow, diverged)
     return ReplayOutcome(run_id, workflow, None)

@@ -19,17 +19,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from tether.core.context import (
-    _RUN,
-    MISSING,
-    Abandon,
-    ReplayNow,
-    RunContext,
-    Suspend,
-    retry_store,
-)
+from tether.core.context import _RUN
 from tether.core.engine import Engine
+from tether.core.execution import MISSING, RunContext, retry_store
 from tether.core.observe import RunOutcome
+from tether.core.positions import _FRAME, install
+from tether.core.signals import Abandon, ReplayNow, Suspend
 from tether.core.workflow import Workflow
 from tether.errors import (
     ConfigurationError,
@@ -130,17 +125,19 @@ class Runner:
         history = self.history
         if history is None and not self.cancel_requested:
             history = await engine.store.load_history(record.id)
+        install(asyncio.get_running_loop())  # places the tasks workflow code creates
         while True:
             if self.cancel_requested:  # asked before the workflow (re)started
                 await self._finish(RunStatus.CANCELLED, None, CANCELLED_ERROR)
                 return
             assert history is not None
             ctx = self.ctx = RunContext(
-                engine, record.id, workflow.name, self.lease, {c.seq: c for c in history}
+                engine, record.id, workflow.name, self.lease, {c.at: c for c in history}
             )
             # The workflow runs in this task (no task of its own: one less loop turn per run);
             # the flags tell a user's cancel from the worker stopping.
-            token = _RUN.set(ctx)
+            token, frame = _RUN.set(ctx), _FRAME.set(None)
+            ctx.begin()
             self._in_workflow = True
             failure: BaseException | None = None
             try:
@@ -149,19 +146,37 @@ class Runner:
                 failure = exc
             finally:
                 self._in_workflow = False
-                self.progressed = self.progressed or ctx.writes > 0
+                _FRAME.reset(frame)
                 _RUN.reset(token)
+            await ctx.close()  # its other tasks are done (replayed writes settled first)
+            self.progressed = self.progressed or ctx.writes > 0
+            failure = self._sort_out(ctx, failure)
             if failure is None:
                 await self._finish(RunStatus.SUCCEEDED, result, None)
                 return
-            if isinstance(failure, asyncio.CancelledError) and self.stopping:
-                raise failure
-            await ctx.settled.wait()  # concurrent steps of this execution have settled
             if isinstance(failure, ReplayNow):
                 history = await engine.store.load_history(record.id)
                 continue
             await self._conclude(ctx, failure)
             return
+
+    def _sort_out(self, ctx: RunContext, failure: BaseException | None) -> BaseException | None:
+        """What ended this execution: the worker stopping, the run's cancellation, the end the
+        execution decided as a whole (suspension.py), or what the workflow returned or raised.
+        Cancellations the execution made of this task to unwind it are taken back."""
+        task = asyncio.current_task()
+        if task is not None:
+            for _ in range(ctx.root_cancels):
+                task.uncancel()
+        if isinstance(failure, asyncio.CancelledError) and self.stopping:
+            raise failure
+        if self.cancel_requested and (failure is None or isinstance(failure, ReplayNow)):
+            return failure
+        if self.cancel_requested and isinstance(failure, asyncio.CancelledError):
+            return failure
+        if ctx.ending is not None and not self.cancel_requested:
+            return ctx.ending  # what any task met: a result after it is not the run's
+        return failure
 
     async def _conclude(self, ctx: RunContext, failure: BaseException) -> None:
         """Record what the workflow's exception means for the run."""
@@ -186,7 +201,7 @@ class Runner:
             if not isinstance(failure.cause, NonDeterminismError):
                 # Not the run's failure: stop (it is resumed), or count a failed execution.
                 raise failure.cause from None
-            await self._fail(failure.cause)
+            await self._hold(failure.cause)
         elif isinstance(failure, asyncio.CancelledError):
             task = asyncio.current_task()
             if task is not None:
@@ -258,7 +273,7 @@ class Runner:
         result = await workflow.fn(*args, **kwargs)
         missing = ctx.unreplayed()
         if missing is not None:
-            raise Abandon(ctx.divergence(missing))
+            raise ctx.abandon(missing)
         await ctx.flush()
         return serde.dumps(result, what=f"result of workflow {workflow.name!r}")
 
@@ -311,9 +326,32 @@ class Runner:
         if self.record.parent_id is not None:
             engine.wake(self.record.parent_id)
 
+    async def _hold(self, exc: NonDeterminismError) -> None:
+        """Replay diverged (a deploy changed the workflow's code): hold the run, unfinished,
+        until code that replays it comes, trying again after a backoff and whenever a worker
+        starts. Its approvals stay pending and its parent is not told."""
+        engine, settings, lease = self.engine, self.engine.settings, self.lease
+        failures = (0 if self.progressed else self.record.failures) + 1
+        delay = min(settings.failure_backoff * 2 ** (failures - 1), settings.held_retry_max)
+        now = engine.clock.now()
+        error = json.dumps(encode_error(exc) | {"position": exc.position})
+        log.error("run %r is held: %s", self.record.id, exc)
+
+        async def hold() -> None:
+            self.releasing = True
+            await engine.store.hold_run(lease, error, failures, now + delay, now)
+
+        await retry_store(engine, hold, self._read_back(RunStatus.HELD))
+        self.outcome, self.failure, self.suspended = RunOutcome.HELD, exc, True
+
     async def _fail(self, exc: BaseException) -> None:
         self.failure = exc
-        await self._finish(RunStatus.FAILED, None, json.dumps(encode_error(exc)))
+        error = encode_error(exc)
+        ctx = self.ctx
+        position = None if ctx is None else ctx.position_of(exc)
+        if position is not None:  # the step whose failure this is: `app.resume` retries it
+            error["position"] = position
+        await self._finish(RunStatus.FAILED, None, json.dumps(error))
 
     async def _finish(self, status: RunStatus, result: str | None, error: str | None) -> None:
         now = self.engine.clock.now()

@@ -13,12 +13,13 @@ import secrets
 from collections.abc import Generator
 from typing import Any, Generic, TypeVar
 
-from tether.core.context import RunContext, current_run
+from tether.core.context import current_run
 from tether.core.engine import Engine
+from tether.core.execution import RunContext, arguments
 from tether.core.waits import ChildWait, join
 from tether.core.workflow import Workflow
 from tether.errors import ConfigurationError, IdempotencyConflict
-from tether.store.base import Checkpoint, CheckpointStatus, NewRun, RunRecord
+from tether.store.base import CheckpointStatus, NewRun, RunRecord
 
 R = TypeVar("R")
 
@@ -110,18 +111,22 @@ async def _start(
     kwargs: dict[str, Any],
     given_id: str | None,
 ) -> ChildHandle[R]:
-    seq, name, recorded = ctx.slot(f"child:{wf.name}", "child")
+    digest, text = arguments(args, kwargs)
+    slot = ctx.slot(f"child:{wf.name}", "child", digest=digest, args=text)
+    recorded = slot.recorded
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
         child_id = ctx.decode(recorded, lambda: str(json.loads(recorded.result or '""')))
         return ChildHandle(child_id, wf.name)
+    await ctx.at_frontier()  # nothing new before the whole history replayed
     if ctx.pending:
         await ctx.flush()
-    child_id = given_id or f"{ctx.run_id}/{name}"
+    child_id = given_id or f"{ctx.run_id}/{slot.name}"
     now = ctx.engine.clock.now()
-    await create_run(ctx.engine, wf, args, kwargs, child_id, parent_id=ctx.run_id)
-    await ctx.write(Checkpoint(seq=seq, name=name, kind="child", attempts=1,
-                               status=CheckpointStatus.COMPLETED, result=json.dumps(child_id),
-                               started_at=now, finished_at=ctx.engine.clock.now()))  # fmt: skip
+    with ctx.io():
+        await create_run(ctx.engine, wf, args, kwargs, child_id, parent_id=ctx.run_id)
+    await ctx.write(slot.checkpoint(CheckpointStatus.COMPLETED, attempts=1,
+                                    result=json.dumps(child_id), started_at=now,
+                                    finished_at=ctx.engine.clock.now()))  # fmt: skip
     return ChildHandle(child_id, wf.name)
 
 

@@ -1,8 +1,10 @@
-"""A registered step and how one step call inside a run executes: replay, attempts, retries,
-timeouts, at-most-once markers and reconciliation.
+"""A registered step and how one step call inside a run executes: replay, attempts, retries and
+timeouts (at-most-once steps' markers and reconciliation: doubt.py).
 
 Every outcome is recorded before the workflow sees it; on replay the recorded outcome is returned
-or re-raised without running the body. Store access goes through the RunContext only.
+or re-raised without running the body, and a call with other arguments than the recorded ones
+diverges. Nothing new runs before the whole history replayed. Store access goes through the
+RunContext only.
 """
 
 from __future__ import annotations
@@ -12,23 +14,31 @@ import contextvars
 import functools
 import inspect
 import json
+import logging
 import secrets
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
-from tether.core.context import _RUN, _STEP, ReplayNow, RunContext, StepContext, Suspend
+from tether.core.context import _RUN, _STEP, StepContext
+from tether.core.doubt import NOT_DONE, Bounded, in_doubt, reconcile, settle_marker
+from tether.core.execution import RunContext, Slot, arguments
 from tether.core.observe import StepOutcome
 from tether.core.retry import Retry
+from tether.core.suspension import park
 from tether.core.workflow import type_hints
-from tether.errors import ConfigurationError, StepOutcomeUnknown, StepTimeout
+from tether.errors import ConfigurationError, StepTimeout
 from tether.serde import Serde, encode_error, rebuild_error
 from tether.store.base import Checkpoint, CheckpointStatus
 
 P = ParamSpec("P")
 R = TypeVar("R")
+log = logging.getLogger("tether.runner")
 
 DEFAULT_RETRY = Retry()
+# What an at-most-once body raising leaves in doubt by default: its effect may have happened.
+IN_DOUBT: tuple[type[BaseException], ...] = (ConnectionError, TimeoutError)
 
 
 class Attempted(Protocol):
@@ -38,6 +48,7 @@ class Attempted(Protocol):
     retry: Retry
     timeout: float | None
     at_most_once: bool
+    in_doubt: tuple[type[BaseException], ...]
     return_hint: object
 
 
@@ -45,23 +56,6 @@ class Attempted(Protocol):
 # called with the attempt's StepContext and the attempt's checkpoint maker, it returns the
 # body's value and the COMPLETED checkpoint it wrote; what the body raised propagates.
 Commit = Callable[[StepContext, Callable[..., Checkpoint]], Awaitable[tuple[Any, Checkpoint]]]
-
-
-class _NotDone:
-    """Returned by a reconcile hook: the effect did not happen, so the step body runs."""
-
-    _instance: _NotDone | None = None
-
-    def __new__(cls) -> _NotDone:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
-
-    def __repr__(self) -> str:
-        return "tether.NOT_DONE"
-
-
-NOT_DONE = _NotDone()
 
 
 class Step(Generic[P, R]):
@@ -77,6 +71,7 @@ class Step(Generic[P, R]):
         timeout: timedelta | None,
         at_most_once: bool,
         reconcile: Callable[..., object] | None,
+        in_doubt: tuple[type[BaseException], ...] = IN_DOUBT,
     ) -> None:
         if retry is not None and not isinstance(retry, Retry):
             raise ConfigurationError(f"retry= takes a tether.Retry, not {retry!r}")
@@ -86,12 +81,23 @@ class Step(Generic[P, R]):
             raise ConfigurationError(
                 f"step {name!r}: reconcile= only applies with at_most_once=True"
             )
+        if at_most_once and timeout is None:
+            raise ConfigurationError(
+                f"at-most-once step {name!r} needs timeout=, shorter than the lease: another "
+                f"worker reconciles it only once an attempt is over for certain, and the "
+                f"timeout is what bounds an attempt (e.g. timeout=timedelta(seconds=10))"
+            )
+        if not isinstance(in_doubt, tuple) or not all(
+            isinstance(c, type) and issubclass(c, BaseException) for c in in_doubt
+        ):
+            raise ConfigurationError(f"in_doubt= takes a tuple of exception types: {in_doubt!r}")
         self.fn = fn
         self.name = name
         self.retry = retry or DEFAULT_RETRY
         self.timeout = None if timeout is None else timeout.total_seconds()
         self.at_most_once = at_most_once
         self.reconcile = reconcile
+        self.in_doubt = in_doubt
         self.is_async = inspect.iscoroutinefunction(fn)
         self.return_hint: object = type_hints(fn).get("return", Any)
         self.__name__ = getattr(fn, "__name__", name)
@@ -108,8 +114,9 @@ class Step(Generic[P, R]):
             # Outside a run, or nested inside another step: an ordinary call, not a checkpoint.
             return self._plain(args, kwargs)
         # The slot is taken at call time, so concurrent calls keep their source order.
-        seq, name, recorded = ctx.slot(self.name, "step")
-        return _execute(self, ctx, seq, name, recorded, args, kwargs)
+        digest, text = arguments(args, kwargs)
+        slot = ctx.slot(self.name, "step", digest=digest, args=text)
+        return _execute(self, ctx, slot, args, kwargs)
 
     async def _plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
         result = self.fn(*args, **kwargs)
@@ -121,100 +128,147 @@ class Step(Generic[P, R]):
 async def _execute(
     step: Attempted,
     ctx: RunContext,
-    seq: int,
-    name: str,
-    recorded: Checkpoint | None,
+    slot: Slot,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     *,
-    kind: str = "step",
     commit: Commit | None = None,
 ) -> Any:
-    """A step call at position `seq`: its recorded outcome, or its attempts. With `commit`,
-    each attempt is that function (which runs the body and writes its completion together)."""
-    what = f"result of step {name!r}"
+    """A step call at `slot`: its recorded outcome, or its attempts. With `commit`, each
+    attempt is that function (which runs the body and writes its completion together)."""
+    what = f"result of step {slot.name!r}"
     attempts = 0
+    recorded = slot.recorded
     if recorded is not None:
-        found = await _from_history(step, ctx, seq, name, recorded, args, kwargs, what)
+        found = await _from_history(step, ctx, slot, args, kwargs, what)
         if found is not NOT_DONE:
             return found
         attempts = recorded.attempts
+    await ctx.at_frontier()  # nothing new before the whole history replayed
     if ctx.pending:
         await ctx.flush()
-    return await _attempts(step, ctx, seq, name, attempts, args, kwargs, what, kind, commit)
+    return await _attempts(step, ctx, slot, attempts, args, kwargs, what, commit)
 
 
 async def _attempts(
     step: Attempted,
     ctx: RunContext,
-    seq: int,
-    name: str,
+    slot: Slot,
     attempts: int,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     what: str,
-    kind: str = "step",
     commit: Commit | None = None,
 ) -> Any:
     """Attempts of the step's body after the `attempts` made before, each recorded, until one
     completes (its value returned), or one fails for good (raised)."""
     clock, serde = ctx.engine.clock, ctx.engine.serde
-    # None unless something watches (tether.telemetry): then each attempt is told to it, and
-    # `watch` holds what it returned for the attempt until the attempt ends.
-    observer = ctx.engine.observer
     while True:
         attempts += 1
-        started = clock.now()
-        told = False  # whether the observer heard how this attempt ended
-
-        # This attempt's checkpoint, in whichever status it ends.
-        outcome = functools.partial(
-            Checkpoint, seq=seq, name=name, kind=kind, attempts=attempts, started_at=started
-        )
-        if observer is not None:
-            watch = observer.step_started(ctx.run_id, ctx.workflow, step.name, name, attempts)
+        if ctx.ending is not None:  # no new attempt once the execution ends
+            await ctx.meet_end()
+        # This attempt's checkpoint, in whichever status it ends, and who watches it.
+        outcome = functools.partial(slot.checkpoint, attempts=attempts, started_at=clock.now())
+        watch = _Watch(ctx, step, slot.name, attempts)
         try:
             if step.at_most_once:
-                await ctx.write(outcome(status=CheckpointStatus.STARTED))
-            ctx.enter_body()
-            try:
-                step_ctx = StepContext(run_id=ctx.run_id, name=name, attempt=attempts)
-                value, text, done = await _body(step, step_ctx, outcome, (args, kwargs, serde),
-                                                what, commit)  # fmt: skip
-            except Exception as exc:
-                error = _attempt_error(step, name, attempts, exc)
-                if step.retry.retries(error, attempts):
-                    finished = clock.now()
-                    retry_at = finished + _retry_delay(step, error, attempts)
-                    await ctx.write(outcome(status=CheckpointStatus.RETRYING, error=_error(error),
-                                            finished_at=finished, retry_at=retry_at))  # fmt: skip
-                    if observer is not None:
-                        told = True
-                        observer.step_ended(watch, StepOutcome.RETRYING, finished - started, error)
-                    await _wait_until(ctx, retry_at)
-                    continue
-                finished = clock.now()
-                await ctx.write(outcome(status=CheckpointStatus.FAILED, error=_error(error),
-                                        finished_at=finished))  # fmt: skip
-                if observer is not None:
-                    told = True
-                    observer.step_ended(watch, StepOutcome.FAILED, finished - started, error)
-                _replay_if_forced(ctx)
-                if error is exc:
-                    raise
-                raise error from exc
-            finally:
-                ctx.leave_body()
-            finished = clock.now()
-            done = await _completed(ctx, outcome, text, finished, done)
+                # The marker: the attempt is over for certain at retry_at (see doubt.py).
+                assert step.timeout is not None
+                await ctx.write(outcome(status=CheckpointStatus.STARTED,
+                                        retry_at=watch.started + step.timeout))  # fmt: skip
+            step_ctx = StepContext(run_id=ctx.run_id, name=slot.name, attempt=attempts)
+            # Busy from the body to the record of how it ended: an execution that ends
+            # meanwhile (forced replay) lets the attempt finish and record first.
+            verdict: _Verdict | None
+            with ctx.io():
+                try:
+                    value, text, done = await _body(step, step_ctx, outcome, (args, kwargs, serde),
+                                                    what, commit)  # fmt: skip
+                except Exception as exc:
+                    verdict = await _failed(step, ctx, slot, outcome, watch, exc, args, kwargs)
+                else:
+                    verdict = None
+                    done = await _completed(ctx, outcome, text, clock.now(), done)
         except BaseException as exc:
-            if observer is not None and not told:  # cancelled, or the run was abandoned
-                observer.step_ended(watch, StepOutcome.INTERRUPTED, clock.now() - started, exc)
+            watch.ended(StepOutcome.INTERRUPTED, exc)  # cancelled, or the run was abandoned
             raise
-        if observer is not None:
-            observer.step_ended(watch, StepOutcome.COMPLETED, finished - started, None)
-        _replay_if_forced(ctx)
-        return _returned(step, ctx, done, value, what)
+        if verdict is None:
+            assert done is not None
+            watch.ended(StepOutcome.COMPLETED, None)
+            await _replay_if_forced(ctx)
+            return _returned(step, ctx, done, value, what)
+        if verdict.found is not NOT_DONE:
+            return verdict.found
+        await _replay_if_forced(ctx)
+        if verdict.retry_at is None:
+            assert verdict.error is not None
+            raise verdict.error
+        await wait_until(ctx, verdict.retry_at)
+
+
+class _Watch:
+    """What watches one attempt (tether.telemetry), told once how the attempt ended."""
+
+    def __init__(self, ctx: RunContext, step: Attempted, name: str, attempt: int) -> None:
+        self.clock = ctx.engine.clock
+        self.started = self.clock.now()
+        self.observer = ctx.engine.observer
+        self.told = self.observer is None
+        if self.observer is not None:
+            self.token = self.observer.step_started(ctx.run_id, ctx.workflow, step.name, name,
+                                                    attempt)  # fmt: skip
+
+    def ended(self, how: StepOutcome, error: BaseException | None) -> None:
+        if not self.told and self.observer is not None:
+            self.told = True
+            self.observer.step_ended(self.token, how, self.clock.now() - self.started, error)
+
+
+@dataclass(frozen=True, slots=True)
+class _Verdict:
+    """How a failed attempt ends: a result a reconcile hook found, another attempt due at
+    retry_at, or the error to raise (recorded)."""
+
+    found: object = NOT_DONE
+    retry_at: float | None = None
+    error: BaseException | None = None
+
+
+async def _failed(
+    step: Attempted,
+    ctx: RunContext,
+    slot: Slot,
+    outcome: Callable[..., Checkpoint],
+    watch: _Watch,
+    exc: Exception,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> _Verdict:
+    """An attempt raised `exc`: an at-most-once attempt in doubt is reconciled (the hook's
+    result, recorded); else the retry (recorded RETRYING) or the failure (recorded FAILED)."""
+    clock = ctx.engine.clock
+    attempts = outcome(status=CheckpointStatus.STARTED).attempts
+    error = _attempt_error(step, slot.name, attempts, exc)
+    if step.at_most_once and in_doubt(step, error):
+        # Its effect may have happened: never retried blindly; the hook says.
+        found = await reconcile(step, ctx, slot, attempts, args, kwargs)
+        if found is not NOT_DONE:
+            watch.ended(StepOutcome.COMPLETED, None)
+            return _Verdict(found=found)
+    finished = clock.now()
+    if step.retry.retries(error, attempts):
+        retry_at = finished + _retry_delay(step, error, attempts)
+        await ctx.write(outcome(status=CheckpointStatus.RETRYING, error=_error(error),
+                                finished_at=finished, retry_at=retry_at))  # fmt: skip
+        watch.ended(StepOutcome.RETRYING, error)
+        return _Verdict(retry_at=retry_at)
+    await ctx.write(outcome(status=CheckpointStatus.FAILED, error=_error(error),
+                            finished_at=finished))  # fmt: skip
+    watch.ended(StepOutcome.FAILED, error)
+    ctx.failed_at(error, slot.position)
+    if error is not exc:
+        error.__cause__ = exc
+    return _Verdict(error=error)
 
 
 async def _body(
@@ -270,9 +324,7 @@ def _returned(step: Attempted, ctx: RunContext, done: Checkpoint, value: Any, wh
 async def _from_history(
     step: Attempted,
     ctx: RunContext,
-    seq: int,
-    name: str,
-    recorded: Checkpoint,
+    slot: Slot,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     what: str,
@@ -280,23 +332,27 @@ async def _from_history(
     """A step call whose position the history holds: its recorded outcome (returned, or
     raised), or NOT_DONE when another attempt is due (once a recorded retry delay has passed,
     or a started at-most-once attempt was reconciled as not done)."""
+    recorded = slot.recorded
+    assert recorded is not None
     if recorded.status is CheckpointStatus.COMPLETED:
         serde = ctx.engine.serde
         return ctx.decode(
             recorded, lambda: serde.loads(recorded.result or "null", step.return_hint, what=what)
         )
     if recorded.status is CheckpointStatus.FAILED:
-        raise rebuild_error(ctx.decode(recorded, lambda: json.loads(recorded.error or "{}")))
+        error = rebuild_error(ctx.decode(recorded, lambda: json.loads(recorded.error or "{}")))
+        ctx.failed_at(error, slot.position)
+        raise error
     if recorded.status is CheckpointStatus.RETRYING and recorded.retry_at is not None:
-        await _wait_until(ctx, recorded.retry_at)
-    elif recorded.status is CheckpointStatus.STARTED and isinstance(step, Step):
-        return await _reconcile(step, ctx, seq, name, recorded.attempts, args, kwargs)
+        await wait_until(ctx, recorded.retry_at)
+    elif recorded.status is CheckpointStatus.STARTED and step.at_most_once:
+        return await settle_marker(step, ctx, slot, args, kwargs)
     return NOT_DONE
 
 
 def _attempt_error(step: Attempted, name: str, attempts: int, exc: Exception) -> Exception:
     """What a failed attempt records: its exception, or StepTimeout for a timeout."""
-    if not isinstance(exc, TimeoutError):
+    if not isinstance(exc, TimeoutError) or isinstance(exc, StepTimeout):
         return exc
     return StepTimeout(
         f"step {name!r} attempt {attempts} ran past its timeout of {step.timeout}s; "
@@ -317,9 +373,9 @@ def _error(exc: BaseException) -> str:
     return json.dumps(encode_error(exc))
 
 
-def _replay_if_forced(ctx: RunContext) -> None:
+async def _replay_if_forced(ctx: RunContext) -> None:
     if ctx.engine.settings.force_replay:
-        raise ReplayNow()
+        await ctx.replay_now()
 
 
 async def _attempt(
@@ -348,72 +404,40 @@ async def _run_body(
     if step.is_async:
         token = _STEP.set(step_ctx)
         try:
+            body = step.fn(*args, **kwargs)
             if step.timeout is None:
-                return await step.fn(*args, **kwargs)
+                return await body
+            if step.at_most_once and inspect.iscoroutine(body):
+                body = Bounded(body, step.timeout, step_ctx.name)  # never resumed past its time
             async with asyncio.timeout(step.timeout):
-                return await step.fn(*args, **kwargs)
+                return await body
         finally:
             _STEP.reset(token)
     context = contextvars.copy_context()
     context.run(_STEP.set, step_ctx)
     call = functools.partial(context.run, step.fn, *args, **kwargs)
-    # A sync body runs in a thread; on timeout the thread cannot be stopped, only abandoned.
-    async with asyncio.timeout(step.timeout):
-        return await asyncio.get_running_loop().run_in_executor(None, call)
-
-
-async def _reconcile(
-    step: Step[..., Any],
-    ctx: RunContext,
-    seq: int,
-    name: str,
-    attempts: int,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> object:
-    """An at-most-once step was started and never finished: ask the hook what happened."""
-    clock = ctx.engine.clock
-    if step.reconcile is None:
-        error = StepOutcomeUnknown(
-            f"at-most-once step {name!r} of run {ctx.run_id!r} started (attempt {attempts}) but "
-            f"its outcome was never recorded; check whether its effect happened (idempotency "
-            f"key {StepContext(ctx.run_id, name, attempts).idempotency_key}), then resume or "
-            f"fail the run. A reconcile= hook on the step automates this."
-        )
-        await ctx.write(
-            Checkpoint(seq=seq, name=name, kind="step", status=CheckpointStatus.FAILED,
-                       error=_error(error), attempts=attempts, finished_at=clock.now())
-        )  # fmt: skip
-        raise error
-    step_ctx = StepContext(run_id=ctx.run_id, name=name, attempt=attempts)
-    token = _STEP.set(step_ctx)
+    loop = asyncio.get_running_loop()
+    thread = loop.run_in_executor(None, call)
+    run = _RUN.get()
+    if run is not None:
+        run.engine.track((run.run_id, step_ctx.name), thread)
+    if step.timeout is None:
+        return await thread
     try:
-        outcome = step.reconcile(*args, **kwargs)
-        if inspect.isawaitable(outcome):
-            outcome = await outcome
-    except BaseException as exc:
-        await step_ctx.finish(exc)
-        raise
-    finally:
-        _STEP.reset(token)
-    await step_ctx.finish(None)
-    if outcome is NOT_DONE:
-        return NOT_DONE
-    serde = ctx.engine.serde
-    text = serde.dumps(outcome, what=f"reconciled result of step {name!r}")
-    await ctx.write(
-        Checkpoint(seq=seq, name=name, kind="step", status=CheckpointStatus.COMPLETED,
-                   result=text, attempts=attempts, finished_at=clock.now())
-    )  # fmt: skip
-    return serde.loads(text, step.return_hint)
+        async with asyncio.timeout(step.timeout):
+            return await asyncio.shield(thread)
+    except TimeoutError:
+        if not step.at_most_once:
+            raise  # the thread cannot be stopped, only abandoned: the step is retried
+    # An at-most-once body is never abandoned: its thread's outcome is the attempt's.
+    log.warning("at-most-once step %r ran past its timeout of %ss; a thread cannot be stopped, "
+                "so the run waits for its outcome", step_ctx.name, step.timeout)  # fmt: skip
+    return await thread
 
 
-async def _wait_until(ctx: RunContext, when: float) -> None:
-    """Wait durably: short waits keep the lease; longer ones release the run until `when`."""
+async def wait_until(ctx: RunContext, when: float) -> None:
+    """Wait durably until `when`: a short wait holds the run in memory; a longer one lets it
+    suspend (when the whole workflow waits) and wakes it then."""
     clock = ctx.engine.clock
-    remaining = when - clock.now()
-    if remaining <= 0:
-        return
-    if remaining > ctx.engine.settings.inline_wait_max:
-        raise Suspend(when)
-    await clock.sleep(remaining)
+    while clock.now() < when:
+        await park(ctx, deadline=when)

@@ -11,10 +11,11 @@ import contextvars
 import functools
 import inspect
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
-from tether.core.context import _RUN, _STEP, MISSING, RunContext, StepContext
+from tether.core.context import _RUN, _STEP, StepContext
+from tether.core.execution import MISSING, RunContext, Slot, arguments
 from tether.core.retry import Retry
 from tether.core.step import DEFAULT_RETRY, _execute
 from tether.core.workflow import type_hints
@@ -85,6 +86,7 @@ class Transaction(Generic[C, P, R]):
         self.retry = retry or DEFAULT_RETRY
         self.timeout: float | None = None  # a body inside a transaction cannot be interrupted
         self.at_most_once = False  # its effect commits with its checkpoint: never uncertain
+        self.in_doubt: tuple[type[BaseException], ...] = ()
         self.return_hint: object = type_hints(fn).get("return", Any)
         # Told how many messages a committed attempt recorded (the App wakes its delivery).
         self.on_commit = on_commit
@@ -104,16 +106,16 @@ class Transaction(Generic[C, P, R]):
                 f"without the connection); to try its body alone, call "
                 f"{self.__name__}.fn(connection, ...)"
             )
-        seq, name, recorded = ctx.slot(self.name, KIND)
-        commit = functools.partial(_commit, self, ctx, seq, name, args, kwargs)
-        return _execute(self, ctx, seq, name, recorded, args, kwargs, kind=KIND, commit=commit)
+        digest, text = arguments(args, kwargs)
+        slot = ctx.slot(self.name, KIND, digest=digest, args=text)
+        commit = functools.partial(_commit, self, ctx, slot, args, kwargs)
+        return _execute(self, ctx, slot, args, kwargs, commit=commit)
 
 
 async def _commit(
     tx: Transaction[Any, ..., Any],
     ctx: RunContext,
-    seq: int,
-    name: str,
+    slot: Slot,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     step_ctx: StepContext,
@@ -122,8 +124,7 @@ async def _commit(
     """One attempt: the body and its completed checkpoint, in one store transaction. Returns
     the body's value and the checkpoint written; what the body raised propagates (all of its
     writes rolled back)."""
-    if ctx.abandoned is not None:
-        raise ctx.abandoned
+    name = slot.name
     engine = ctx.engine
     clock, serde, store = engine.clock, engine.serde, engine.store
     what = f"result of transaction step {name!r}"
@@ -159,7 +160,7 @@ async def _commit(
 
     async def read_back() -> object:
         # Committed before the acknowledgement was lost: the checkpoint holds its result.
-        found = {c.seq: c for c in await store.load_history(ctx.run_id)}.get(seq)
+        found = {c.at: c for c in await store.load_history(ctx.run_id)}.get(slot.position)
         if (
             found is not None
             and found.status is CheckpointStatus.COMPLETED
@@ -174,11 +175,8 @@ async def _commit(
         await step_ctx.finish(exc)
         raise
     await step_ctx.finish(None)
-    done = Checkpoint(seq=seq, name=name, kind=KIND, status=CheckpointStatus.COMPLETED,
-                      result=text, attempts=template.attempts, started_at=template.started_at,
-                      finished_at=last.get("finished", template.finished_at))  # fmt: skip
-    ctx.history[seq] = done
-    ctx.writes += 1
+    done = replace(template, result=text, finished_at=last.get("finished", template.finished_at))
+    ctx.recorded(done)
     if tx.on_commit is not None:
         tx.on_commit(int(last.get("messages", 1)))
     if last.get("text") == text:

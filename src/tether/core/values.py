@@ -8,10 +8,11 @@ values (callers do, through the App) and touches the store only through the run'
 
 from __future__ import annotations
 
-from tether.core.context import MISSING, current_run
+from tether.core.context import current_run
 from tether.core.engine import Engine
+from tether.core.execution import MISSING
 from tether.errors import ConfigurationError
-from tether.store.base import Checkpoint, CheckpointStatus
+from tether.store.base import CheckpointStatus
 
 KEY_MAX = 200
 
@@ -39,18 +40,17 @@ async def set_value(key: str, value: object) -> None:
     Workflow code only: NotInWorkflow outside a run and inside steps."""
     check_value_key(key)
     ctx = current_run("set_value")
-    seq, name, recorded = ctx.slot(f"value:{key}", "value")
-    if recorded is not None:
+    slot = ctx.slot(f"value:{key}", "value")
+    if slot.recorded is not None:
         return  # published when it was recorded
     engine = ctx.engine
     text = engine.serde.dumps(value, what=f"value {key!r}")
-    if ctx.abandoned is not None:
-        raise ctx.abandoned
+    await ctx.at_frontier()
     if ctx.pending:
         await ctx.flush()  # recorded helpers before it: no value can depend on an unrecorded one
     now = engine.clock.now()
-    done = Checkpoint(seq=seq, name=name, kind="value", status=CheckpointStatus.COMPLETED,
-                      attempts=1, started_at=now, finished_at=now)  # fmt: skip
+    done = slot.checkpoint(CheckpointStatus.COMPLETED, attempts=1, started_at=now,
+                           finished_at=now)  # fmt: skip
 
     async def call() -> int:
         return await engine.store.set_value(ctx.lease, key, text, done, engine.clock.now())
@@ -58,12 +58,11 @@ async def set_value(key: str, value: object) -> None:
     async def read_back() -> object:
         # Written before the acknowledgement was lost: the checkpoint is there, and writing
         # again would publish a second version.
-        found = {c.seq: c for c in await engine.store.load_history(ctx.run_id)}.get(seq)
+        found = {c.at: c for c in await engine.store.load_history(ctx.run_id)}.get(slot.position)
         return MISSING if found is None else 0
 
     await ctx.durable(call, read_back)
-    ctx.history[seq] = done
-    ctx.writes += 1
+    ctx.recorded(done)
     published(engine, ctx.run_id, key)
 
 

@@ -2,20 +2,22 @@
 several. A wait is a checkpoint like a step: its outcome is recorded once and replayed.
 
 A wait holds its run in memory (and its lease) for at most a couple of seconds, so an answer
-that comes quickly resumes at once; after that the run is suspended and holds nothing: the
-store wakes it when its timer is due or an event it waits on arrives. This module never
-executes step bodies and touches the store only through the run's context.
+that comes quickly resumes at once; after that, once every task of the workflow waits, the
+run is suspended and holds nothing: the store wakes it when the earliest timer of its waits is
+due or an event any of them waits on arrives (suspension.py). This module never executes step
+bodies and touches the store only through the run's context.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from tether.core.context import ReplayNow, RunContext, Suspend, current_run
+from tether.core.context import current_run
+from tether.core.execution import RunContext
+from tether.core.suspension import park
 from tether.errors import ConfigurationError, RunCancelled, RunDead, RunFailed
 from tether.store.base import Checkpoint, CheckpointStatus, RunStatus, child_key
 
@@ -123,46 +125,30 @@ class Plan:
 
 async def wait(ctx: RunContext, base: str, kind: str, plan: Plan) -> tuple[str, Any]:
     """Run one durable wait; returns (the recorded key that won, its value as JSON data)."""
-    seq, name, recorded = ctx.slot(base, kind)
+    slot = ctx.slot(base, kind)
+    recorded = slot.recorded
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
         return _decode(ctx, recorded, recorded.result)
-    engine = ctx.engine
-    clock = engine.clock
-    now = clock.now()
+    clock = ctx.engine.clock
     if recorded is not None and recorded.started_at is not None:
         started = recorded.started_at  # a restart keeps the time left, it does not restart it
     else:
-        started = now
+        started = clock.now()
         if plan.needs_start():
-            await ctx.write(Checkpoint(seq=seq, name=name, kind=kind, attempts=1,
-                                       status=CheckpointStatus.STARTED, started_at=started,
-                                       retry_at=plan.deadline(started)))  # fmt: skip
+            await ctx.write(slot.checkpoint(CheckpointStatus.STARTED, attempts=1,
+                                            started_at=started,
+                                            retry_at=plan.deadline(started)))  # fmt: skip
     deadline = plan.deadline(started)
-    hold_until = now + engine.settings.inline_wait_max
     keys = plan.mailbox()
-    done = Checkpoint(seq=seq, name=name, kind=kind, status=CheckpointStatus.COMPLETED,
-                      attempts=1, started_at=started)  # fmt: skip
+    done = slot.checkpoint(CheckpointStatus.COMPLETED, attempts=1, started_at=started)
     while True:
-        wake = engine.wake_future(ctx.run_id)
-        try:
-            outcome = await _ready(ctx, plan, keys, done, started)
-            if outcome is not None:
-                _replay_if_forced(ctx)
-                return outcome
-            now = clock.now()
-            if now >= hold_until or engine.held_waits >= engine.settings.max_held_waits:
-                raise Suspend(deadline, wake_on=plan.mailbox())
-            limit = hold_until if deadline is None else min(hold_until, deadline)
-            engine.held_waits += 1
-            worker = engine.worker
-            if worker is not None and worker.capacity() == 1:
-                worker.notify()  # this run made room: the worker may claim the next one
-            try:
-                await _first(wake, clock.sleep(limit - now))
-            finally:
-                engine.held_waits -= 1
-        finally:
-            engine.drop_wake_future(ctx.run_id, wake)
+        outcome = await _ready(ctx, plan, keys, done, started)
+        if outcome is not None:
+            await _replay_if_forced(ctx)
+            return outcome
+        # Until news for the run (an event, a child's end) or the deadline; held in memory a
+        # short while, then suspended with the other waits of the run (suspension.py).
+        await park(ctx, keys=keys, deadline=deadline)
 
 
 async def _ready(
@@ -185,9 +171,7 @@ async def _ready(
 
 async def _record(ctx: RunContext, done: Checkpoint, key: str, value: Any) -> tuple[str, Any]:
     text = json.dumps({"key": key, "value": value})
-    await ctx.write(Checkpoint(seq=done.seq, name=done.name, kind=done.kind, status=done.status,
-                               result=text, attempts=1, started_at=done.started_at,
-                               finished_at=ctx.engine.clock.now()))  # fmt: skip
+    await ctx.write(replace(done, result=text, finished_at=ctx.engine.clock.now()))
     return key, value
 
 
@@ -203,18 +187,9 @@ def _object(value: object) -> dict[str, Any]:
     return value
 
 
-def _replay_if_forced(ctx: RunContext) -> None:
+async def _replay_if_forced(ctx: RunContext) -> None:
     if ctx.engine.settings.force_replay:
-        raise ReplayNow()
-
-
-async def _first(wake: asyncio.Future[None], sleep: Any) -> None:
-    """Until the run is woken (an event, a child's end) or the sleep is over."""
-    timer_task = asyncio.ensure_future(sleep)
-    try:
-        await asyncio.wait({wake, timer_task}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        timer_task.cancel()
+        await ctx.replay_now()
 
 
 # -- the helpers workflows call ---------------------------------------------------------------

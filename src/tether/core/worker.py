@@ -15,13 +15,15 @@ import dataclasses
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from tether.core.engine import Engine
-from tether.core.lease import process_alive, this_worker
+from tether.core.keepalive import Keepalive
+from tether.core.lease import dead_here, this_worker
 from tether.core.runner import Runner
 from tether.errors import ConfigurationError
 from tether.serde import encode_error
-from tether.store.base import Checkpoint, Lease, RunRecord
+from tether.store.base import Checkpoint, HeartbeatReply, Lease, RunRecord
 
 log = logging.getLogger("tether.worker")
 
@@ -41,6 +43,7 @@ class Worker:
         self._events_seen = 0  # the newest event id this worker has looked at
         self._stopped = False
         self._swept_at: float | None = None  # when it last looked for unserved runs
+        self._keepalive: Keepalive | None = None  # extends leases from a thread of its own
 
     @property
     def stopped(self) -> bool:
@@ -58,6 +61,13 @@ class Worker:
         await store.register_worker(self.info, now)
         self._events_seen = await store.last_event_id()
         await self.recover_local()
+        # New code may replay runs that diverged under the old: try the held ones now.
+        if self.info.workflows and await store.wake_held(self.info.workflows, now):
+            self._wake.set()
+        other = store.another() if self.engine.settings.keepalive_thread else None
+        if other is not None:
+            self._keepalive = Keepalive(self, other)
+            self._keepalive.start()
         self._tasks = [
             asyncio.create_task(self._claim_loop(), name="tether-claim"),
             asyncio.create_task(self._heartbeat_loop(), name="tether-heartbeat"),
@@ -66,10 +76,16 @@ class Worker:
             self._tasks.append(asyncio.create_task(self._service(name, service), name=name))
 
     async def stop(self) -> None:
-        """Stop executing: in-flight runs are interrupted and released for the next worker."""
+        """Stop executing: in-flight runs are interrupted and released for the next worker.
+        Sync step bodies cannot be interrupted: they get up to settings.shutdown_grace seconds
+        to end first; while one still runs, the runs stay leased (their leases run out)
+        instead of being released to another worker at once."""
         # The flag as well as the cancellation: 3.11's asyncio.timeout can swallow a cancel
         # that coincides with its deadline, and the loops must end all the same.
         self._stopped = True
+        threads = list(self.engine.threads.values())
+        if threads:
+            await self._let_threads_end(dict(self.engine.threads))
         for task in self._tasks:
             task.cancel()
         runner_tasks = [r.task for r in self.runners.values() if r.task is not None]
@@ -77,8 +93,32 @@ class Worker:
             runner.stop()
         await asyncio.gather(*self._tasks, *runner_tasks, return_exceptions=True)
         self._tasks = []
+        if self._keepalive is not None:
+            await self._keepalive.stop()
+            self._keepalive = None
+        if any(not t.done() for t in threads):
+            log.warning("sync step bodies still run; their runs are not released: another "
+                        "worker takes them once their leases run out")  # fmt: skip
+            return
         with contextlib.suppress(Exception):
             await self.engine.store.release_worker(self.id, self.engine.clock.now())
+
+    async def _let_threads_end(self, threads: dict[tuple[str, str], asyncio.Future[Any]]) -> None:
+        """Up to settings.shutdown_grace seconds for the sync step bodies running now to end,
+        and for their runs to record how they ended."""
+        grace = self.engine.settings.shutdown_grace
+        log.info("waiting up to %ss for %d sync step bodies to end", grace, len(threads))
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + grace
+        await asyncio.wait(threads.values(), timeout=grace)
+        runs = {run_id for run_id, _ in threads}
+        settling = [asyncio.ensure_future(r.ctx.settled.wait())
+                    for run_id, r in self.runners.items()
+                    if run_id in runs and r.ctx is not None]  # fmt: skip
+        if settling:
+            await asyncio.wait(settling, timeout=max(0.0, give_up - loop.time()))
+            for waiter in settling:
+                waiter.cancel()
 
     async def _service(self, name: str, service: Callable[[Worker], Awaitable[None]]) -> None:
         """Run a background service until the worker stops; one that fails is restarted after
@@ -160,7 +200,7 @@ class Worker:
         """Release the runs of dead workers on this host, so they resume without waiting."""
         store = self.engine.store
         for worker in await store.list_workers(self.info.host):
-            if worker.id != self.id and not process_alive(worker.pid, worker.pid_token):
+            if worker.id != self.id and dead_here(worker):
                 released = await store.release_worker(worker.id, self.engine.clock.now())
                 if released:
                     log.info("recovered %d run(s) of dead worker %s", len(released), worker.id)
@@ -211,24 +251,43 @@ class Worker:
                     self.engine.wake(ref.run_id)
                 return
 
+    def leases(self) -> list[Lease]:
+        """The leases of the runs it executes now (read from the keepalive's thread too)."""
+        return [r.lease for r in list(self.runners.values())]
+
+    def heard(self, reply: HeartbeatReply) -> None:
+        """What a heartbeat answered: leases lost (their runs stop executing here), cancel
+        requests, and whether this worker's row is gone (it registers again)."""
+        for run_id in reply.lost:
+            runner = self.runners.get(run_id)
+            # A run its execution is giving back is not lost: its lease goes with it.
+            if runner is not None and not runner.releasing:
+                log.warning("lost the lease on run %r; stopped executing it", run_id)
+                runner.stop()
+        for run_id in reply.cancel:
+            self.cancel(run_id)
+        if reply.unknown and not self._stopped:
+            # Its row was deleted (someone took it for dead): it lives, so it says so.
+            log.warning("worker %s had no row any more; registering it again", self.id)
+            self._register = asyncio.ensure_future(
+                self.engine.store.register_worker(self.info, self.engine.clock.now())
+            )
+
+    def keepalive_failed(self) -> None:
+        self._keepalive = None  # the heartbeat loop extends the leases itself
+
     async def _heartbeat_loop(self) -> None:
         engine = self.engine
         while not self._stopped:
             await asyncio.sleep(self.lease_duration / 3)
             try:
-                now = engine.clock.now()
-                leases = [r.lease for r in self.runners.values()]
-                reply = await engine.store.heartbeat(
-                    self.id, leases, now + self.lease_duration, now
-                )
-                for run_id in reply.lost:
-                    runner = self.runners.get(run_id)
-                    # A run its execution is giving back is not lost: its lease goes with it.
-                    if runner is not None and not runner.releasing:
-                        log.warning("lost the lease on run %r; stopped executing it", run_id)
-                        runner.stop()
-                for run_id in reply.cancel:
-                    self.cancel(run_id)
+                await engine.sync_clock()
+                if self._keepalive is None:
+                    now = engine.clock.now()
+                    reply = await engine.store.heartbeat(
+                        self.id, self.leases(), now + self.lease_duration, now
+                    )
+                    self.heard(reply)
                 await self.recover_local()
                 await self.dead_letter_unserved()
             except Exception:

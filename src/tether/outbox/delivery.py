@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from tether.core.context import MISSING, retry_store
 from tether.core.engine import Engine
+from tether.core.execution import MISSING, retry_store
 from tether.core.retry import Retry
 from tether.errors import ConfigurationError, StepOutcomeUnknown
 from tether.outbox.senders import DEFAULT_TIMEOUT, HttpSender, Sender

@@ -11,12 +11,13 @@ import json
 from collections.abc import Coroutine, Generator
 from typing import Any
 
-from tether.core.context import MISSING, ReplayNow, RunContext, current_scope
+from tether.core.context import current_scope
 from tether.core.engine import Engine
+from tether.core.execution import MISSING, RunContext, Slot
 from tether.core.transaction import current_transaction
 from tether.errors import ConfigurationError, NotInWorkflow
 from tether.outbox.delivery import SERVICE, Delivery
-from tether.store.base import Checkpoint, CheckpointStatus
+from tether.store.base import CheckpointStatus
 from tether.store.outbox_rows import NewOutboxMessage, TransactionOutcome, message_id
 
 KIND = "outbox"  # the checkpoint kind (and name) of an outbox call in workflow code
@@ -85,10 +86,10 @@ def outbox(destination: str, payload: object, *, key: str | None = None) -> Outg
         )
     _check_destination(ctx.engine, destination)
     text = ctx.engine.serde.dumps(payload, what=f"the payload of a message to {destination}")
-    seq, name, recorded = ctx.slot(KIND, KIND)
-    mid = message_id(ctx.run_id, name, 0)
+    slot = ctx.slot(KIND, KIND)
+    mid = message_id(ctx.run_id, slot.name, 0)
     message = NewOutboxMessage(mid, destination, key or mid, text)
-    return Outgoing(mid, message.key, destination, _record(ctx, seq, name, recorded, message))
+    return Outgoing(mid, message.key, destination, _record(ctx, slot, message))
 
 
 def _check_destination(engine: Engine, destination: str) -> None:
@@ -97,23 +98,21 @@ def _check_destination(engine: Engine, destination: str) -> None:
         delivery.resolve(destination)
 
 
-async def _record(
-    ctx: RunContext, seq: int, name: str, recorded: Checkpoint | None, message: NewOutboxMessage
-) -> Outgoing:
+async def _record(ctx: RunContext, slot: Slot, message: NewOutboxMessage) -> Outgoing:
     """The message and its checkpoint, in one store transaction (nothing when replaying)."""
+    recorded = slot.recorded
     if recorded is not None:
         data = ctx.decode(recorded, lambda: json.loads(recorded.result or "{}"))
         return Outgoing(str(data["id"]), str(data["key"]), str(data["destination"]))
-    if ctx.abandoned is not None:
-        raise ctx.abandoned
+    await ctx.at_frontier()
     if ctx.pending:
         await ctx.flush()  # recorded helpers before it: the payload may depend on them
     engine = ctx.engine
     store, clock = engine.store, engine.clock
     now = clock.now()
     result = json.dumps({"id": message.id, "key": message.key, "destination": message.destination})
-    done = Checkpoint(seq=seq, name=name, kind=KIND, status=CheckpointStatus.COMPLETED,
-                      result=result, attempts=1, started_at=now, finished_at=now)  # fmt: skip
+    done = slot.checkpoint(CheckpointStatus.COMPLETED, result=result, attempts=1,
+                           started_at=now, finished_at=now)  # fmt: skip
 
     def body(conn: object) -> TransactionOutcome:
         return TransactionOutcome(result, (message,))
@@ -123,15 +122,14 @@ async def _record(
 
     async def read_back() -> object:
         # Committed before the acknowledgement was lost: the checkpoint is there.
-        found = {c.seq: c for c in await store.load_history(ctx.run_id)}.get(seq)
+        found = {c.at: c for c in await store.load_history(ctx.run_id)}.get(slot.position)
         return MISSING if found is None else found.result
 
     await ctx.durable(call, read_back)
-    ctx.history[seq] = done
-    ctx.writes += 1
+    ctx.recorded(done)
     delivery = engine.services.get(SERVICE)
     if isinstance(delivery, Delivery):
         delivery.wake()
     if engine.settings.force_replay:
-        raise ReplayNow()
+        await ctx.replay_now()
     return Outgoing(message.id, message.key, message.destination)

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from tether.errors import DuplicateRun, LeaseLost
 from tether.store.approval_rows import ApprovalChange, ApprovalRecord, AuditEntry, ChangeFn
 from tether.store.outbox_rows import (
     OutboxMessage,
@@ -98,27 +97,6 @@ def child_outcome(status: RunStatus | str, result: str | None, error: str | None
     """The payload of a child's end in its parent's mailbox: how it ended, with the texts of
     its result and error (the mailbox row is the parent's record of the child's end)."""
     return json.dumps({"status": str(status), "result": result, "error": error})
-
-
-def duplicate_run(queue: str | None, dedup_key: str | None, holder: str) -> DuplicateRun:
-    """The error for a start whose dedup key an unfinished run of its queue holds."""
-    return DuplicateRun(
-        f"run {holder!r} of queue {queue!r} is unfinished with dedup key {dedup_key!r}; wait "
-        f"for it to end or use another key",
-        run_id=holder,
-    )
-
-
-def queue_budget(limits: QueueLimits, running: int, mine: int, started: int, room: int) -> int:
-    """How many of a queue's runs a claim may take now, given its load (see claim_runs)."""
-    budget = room
-    if limits.concurrency is not None:
-        budget = min(budget, limits.concurrency - running)
-    if limits.worker_concurrency is not None:
-        budget = min(budget, limits.worker_concurrency - mine)
-    if limits.rate is not None:
-        budget = min(budget, limits.rate - started)
-    return max(budget, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,21 +204,6 @@ class StoreStats:
     oldest_pending_approval_at: float | None  # created_at of the oldest pending approval
 
 
-def store_stats(by_status: Mapping[str, int], pending: int, oldest: float | None) -> StoreStats:
-    """StoreStats from a backend's counts (statuses it did not report count 0)."""
-    runs = {status: int(by_status.get(status.value, 0)) for status in RunStatus}
-    return StoreStats(runs, int(pending), None if oldest is None else float(oldest))
-
-
-def stream_lease_lost(lease: Lease, key: str) -> LeaseLost:
-    """The error for an append to a stream by a worker that no longer holds the run."""
-    return LeaseLost(
-        f"worker {lease.worker_id!r} no longer holds run {lease.run_id!r} at epoch "
-        f"{lease.epoch} (another worker adopted it, or it ended); its write to stream {key!r} "
-        f"was not stored, and this worker stops executing the run"
-    )
-
-
 class Store(Protocol):
     """A database that Tether can run on. One method, one transaction."""
 
@@ -251,6 +214,11 @@ class Store(Protocol):
 
     async def close(self) -> None:
         """Finish pending writes and release connections."""
+
+    def another(self) -> Store | None:
+        """Another handle on the same database with connections of its own, not yet open,
+        for a thread with its own event loop (the worker's keepalive); None where the data
+        lives in this one object (memory)."""
 
     async def register_worker(self, worker: WorkerInfo, now: float) -> None:
         """Insert or refresh this worker's row (host, pid, the workflows it serves, heartbeat)."""

@@ -39,15 +39,13 @@ from tether.store.base import (
     WorkerInfo,
     child_key,
     child_outcome,
-    duplicate_run,
-    queue_budget,
-    store_stats,
 )
 from tether.store.memory_outbox import MemoryOutbox
 from tether.store.memory_retention import MemoryRetention
 from tether.store.memory_schedules import MemorySchedules
 from tether.store.memory_streams import MemoryStreams
 from tether.store.memory_values import MemoryValues
+from tether.store.rules import duplicate_run, queue_budget, store_stats
 from tether.store.user_rows import UserRecord
 
 
@@ -131,6 +129,9 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
             if worker is not None:
                 self._workers[worker_id] = replace(worker, heartbeat_at=now)
             return HeartbeatReply(lost=lost, cancel=cancel, unknown=worker is None)
+
+    def another(self) -> None:
+        return None  # its data lives in this object: another loop cannot share it safely
 
     async def database_time(self) -> float | None:
         return None  # one process: its clock is the one clock

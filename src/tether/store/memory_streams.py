@@ -8,7 +8,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
-from tether.store.base import Lease, RunRecord, stream_lease_lost
+from tether.store.base import Lease, RunRecord
+from tether.store.rules import stream_lease_lost
 from tether.store.stream_rows import StreamAppend, StreamEntry, unretracted
 
 

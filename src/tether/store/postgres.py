@@ -40,9 +40,6 @@ from tether.store.base import (
     WorkerInfo,
     child_key,
     child_outcome,
-    duplicate_run,
-    queue_budget,
-    store_stats,
 )
 from tether.store.postgres_approvals import PostgresApprovals, close_approvals
 from tether.store.postgres_outbox import PostgresOutbox
@@ -60,6 +57,7 @@ from tether.store.rows import (
     worker_from_row,
     worker_params,
 )
+from tether.store.rules import duplicate_run, queue_budget, store_stats
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[Any]
@@ -113,10 +111,13 @@ class PostgresStore(
 ):
     """Store on a PostgreSQL database; many workers on many machines may share it."""
 
-    def __init__(self, url: str, *, min_size: int = 1, max_size: int = 10) -> None:
+    def __init__(
+        self, url: str, *, min_size: int = 1, max_size: int = 10, listen: bool = True
+    ) -> None:
         self.url = url
         self._conninfo, self._schema = parse_postgres_url(url)
         self._sizes = (min_size, max_size)
+        self._listens = listen
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._listener: Conn | None = None
         self._listening: asyncio.Task[None] | None = None
@@ -138,12 +139,18 @@ class PostgresStore(
                 configure=self._configure, open=False,
             )  # fmt: skip
             await pool.open(wait=True)
-            listener = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
-            await listener.execute(f"LISTEN {CHANNEL}")
+            listener = None
+            if self._listens:
+                listener = await psycopg.AsyncConnection.connect(self._conninfo, autocommit=True)
+                await listener.execute(f"LISTEN {CHANNEL}")
         except psycopg.Error as exc:
             raise StoreUnavailable(f"cannot open PostgreSQL database {self.url!r}: {exc}") from exc
         self._pool, self._listener = pool, listener
-        self._listening = asyncio.create_task(self._listen(listener))
+        if listener is not None:
+            self._listening = asyncio.create_task(self._listen(listener))
+
+    def another(self) -> PostgresStore:
+        return PostgresStore(self.url, min_size=1, max_size=1, listen=False)
 
     async def _listen(self, conn: Conn | None) -> None:
         # Short rounds: cancelling a task blocked inside notifies() can hang the connection,

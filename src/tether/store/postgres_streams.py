@@ -12,8 +12,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from tether.store.base import Lease, stream_lease_lost
+from tether.store.base import Lease
 from tether.store.rows import load_sql, stream_entry_from_row
+from tether.store.rules import stream_lease_lost
 from tether.store.stream_rows import StreamAppend, StreamEntry, unretracted
 
 _Q, _ = load_sql("postgres")

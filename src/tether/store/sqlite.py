@@ -27,9 +27,6 @@ from tether.store.base import (
     WorkerInfo,
     child_key,
     child_outcome,
-    duplicate_run,
-    queue_budget,
-    store_stats,
 )
 from tether.store.rows import (
     checkpoint_from_row,
@@ -40,6 +37,7 @@ from tether.store.rows import (
     worker_from_row,
     worker_params,
 )
+from tether.store.rules import duplicate_run, queue_budget, store_stats
 from tether.store.sqlite_approvals import (
     SqliteApprovals,
     close_approvals,
@@ -72,10 +70,14 @@ class SqliteStore(
     def __init__(self, url: str, *, busy_timeout: float = 30.0) -> None:
         self.url = url
         self.path, self.synchronous = parse_sqlite_url(url)
+        self._busy_timeout = busy_timeout
         self._db = CommitQueue(self.path, self.synchronous, _MIGRATIONS, busy_timeout=busy_timeout)
 
     async def open(self) -> None:
         await self._db.open()
+
+    def another(self) -> SqliteStore:
+        return SqliteStore(self.url, busy_timeout=self._busy_timeout)
 
     async def close(self) -> None:
         await self._db.close()

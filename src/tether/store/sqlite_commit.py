@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -25,6 +27,7 @@ from tether import faults
 from tether.errors import ConfigurationError, StoreUnavailable
 
 T = TypeVar("T")
+log = logging.getLogger("tether.store")
 SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024  # bytes of -wal file kept after a checkpoint
 
@@ -63,6 +66,32 @@ def parse_sqlite_url(url: str) -> tuple[str, str]:
     if sync not in SYNC_MODES:
         raise ConfigurationError(f"synchronous={sync!r} in {url!r}: use one of {SYNC_MODES}")
     return path, sync
+
+
+# Filesystem types whose files other machines may open too (/proc/mounts' third field).
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "glusterfs", "fuse.glusterfs",
+    "ceph", "fuse.ceph", "afs", "lustre", "gpfs", "fuse.s3fs", "fuse.rclone", "davfs",
+})  # fmt: skip
+
+
+def network_filesystem(path: str, mounts: str = "/proc/mounts") -> str | None:
+    """The type of the network filesystem holding `path`, or None (a local one, or unknown)."""
+    try:
+        with open(mounts, encoding="utf-8") as f:
+            table = [line.split() for line in f]
+    except OSError:
+        return None
+    where = os.path.realpath(os.path.dirname(os.path.abspath(path)) or ".")
+    best, kind = "", None
+    for fields in table:
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = where == point or where.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind if kind in NETWORK_FILESYSTEMS else None
 
 
 def _locked(exc: sqlite3.OperationalError) -> bool:
@@ -140,6 +169,15 @@ class CommitQueue:
         if self._thread is not None:
             return
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        shared = network_filesystem(self.path)
+        if shared is not None:
+            log.warning(
+                "the SQLite file %s is on a network filesystem (%s): SQLite's locks may not "
+                "hold there, and workers on other machines would judge leases by their own "
+                "clocks; keep every process on one machine, or use PostgreSQL",
+                self.path,
+                shared,
+            )
         try:
             conn = self._connect(self._busy_timeout, setup=True)
             self._migrate(conn)

@@ -12,8 +12,9 @@ import sqlite3
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from tether.store.base import Lease, stream_lease_lost
+from tether.store.base import Lease
 from tether.store.rows import load_sql, stream_entry_from_row
+from tether.store.rules import stream_lease_lost
 from tether.store.stream_rows import StreamAppend, StreamEntry, unretracted
 
 if TYPE_CHECKING:

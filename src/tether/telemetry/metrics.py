@@ -20,7 +20,8 @@ from tether.core.observe import Observer, RunOutcome, StepOutcome, installed
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     120.0, 300.0)  # fmt: skip
 # Executions after which the run goes on: they count as executions, not as finished runs.
-_GOES_ON = frozenset({RunOutcome.SUSPENDED, RunOutcome.ERRORED, RunOutcome.ABANDONED})
+_GOES_ON = frozenset({RunOutcome.SUSPENDED, RunOutcome.ERRORED, RunOutcome.ABANDONED,
+                      RunOutcome.HELD})  # fmt: skip
 
 
 @dataclass(slots=True)

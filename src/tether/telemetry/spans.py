@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tether.telemetry")
 
-_FAILED_RUN = frozenset({RunOutcome.FAILED, RunOutcome.DEAD, RunOutcome.ERRORED})
+_FAILED_RUN = frozenset({RunOutcome.FAILED, RunOutcome.DEAD, RunOutcome.ERRORED, RunOutcome.HELD})
 _FAILED_STEP = frozenset({StepOutcome.RETRYING, StepOutcome.FAILED})
 _MISSING = (
     "OpenTelemetry spans need opentelemetry-api: pip install 'tether[otel]' (and an SDK with "

@@ -1,0 +1,502 @@
+"""One execution (or replay) of one run by this worker: its history, the checkpoints its code
+asks for, its store writes, and how it ends as a whole.
+
+Checkpoints are found by position (positions.py), so replay hands each call its own recorded
+outcome however the workflow's tasks interleave. Nothing new happens (a step body, a write)
+until every recorded checkpoint was asked for again and matched: a divergence is found before
+any effect. Store access goes through `durable`, which also counts the execution busy; the
+execution ends as a whole through `end` (suspension.py decides when it waits as a whole).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tether.core.context import _STEP
+from tether.core.positions import _FRAME, _QUIET, Frame, here, runnable
+from tether.core.signals import Abandon, ReplayNow, Signal
+from tether.errors import (
+    LeaseLost,
+    NonDeterminismError,
+    SerializationError,
+    StoreUnavailable,
+)
+from tether.serde import canonical
+from tether.store.base import Checkpoint, CheckpointStatus, Lease
+
+if TYPE_CHECKING:
+    from tether.core.engine import Engine
+    from tether.core.suspension import Park
+
+
+log = logging.getLogger("tether.runner")
+T = TypeVar("T")
+
+MISSING = object()  # what a read-back returns when the write did not happen
+
+
+ARGS_KEPT = 2048  # the longest arguments a step checkpoint keeps as text (for messages)
+
+
+def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(digest, canonical JSON when short) of a call's arguments, compared on replay; (None,
+    None) for arguments that are not JSON (they are not compared)."""
+    try:
+        text = canonical({"args": list(args), "kwargs": kwargs})
+    except Exception:  # an object the serializer does not know: not compared
+        return None, None
+    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
+    return digest, text if len(text) <= ARGS_KEPT else None
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """A checkpoint the code asked for: where it sits, its name, and what the history holds
+    there (None: it is new)."""
+
+    seq: int
+    position: str
+    name: str
+    kind: str
+    recorded: Checkpoint | None
+    digest: str | None = None
+    args: str | None = None
+
+    def checkpoint(self, status: CheckpointStatus, **fields: Any) -> Checkpoint:
+        """This slot's checkpoint in `status`, with `fields` (result, attempts, times...)."""
+        return Checkpoint(seq=self.seq, name=self.name, kind=self.kind, status=status,
+                          position=self.position, digest=self.digest, args=self.args,
+                          **fields)  # fmt: skip
+
+
+@dataclass(eq=False, slots=True)
+class RunContext:
+    """One execution (or replay) of one run by this worker."""
+
+    engine: Engine
+    run_id: str
+    workflow: str
+    lease: Lease
+    history: dict[str, Checkpoint]  # by position
+    replay_only: bool = False  # checking a history: never execute, stop where it ends
+    next_seq: int = 0  # the row of the next new checkpoint: after every recorded one
+    unrequested: set[str] = field(default_factory=set)  # recorded, not asked for again yet
+    requested: list[tuple[str, str]] = field(default_factory=list)  # (position, name) asked
+    pending: list[Checkpoint] = field(default_factory=list)  # recorded helpers not yet written
+    busy: int = 0  # store writes and step bodies in flight now
+    settled: asyncio.Event = field(default_factory=asyncio.Event)  # set while busy is 0
+    ending: Signal | None = None  # how this execution ends, once decided
+    delivered: bool = False  # the ending reached the tasks (once nothing was busy)
+    writes: int = 0  # checkpoints this execution wrote: whether it made progress
+    executing: bool = False  # the workflow's code runs now (between begin and close)
+    root: Frame | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # the workflow's other tasks
+    parks: set[Park] = field(default_factory=set)  # tasks waiting on Tether (suspension.py)
+    root_cancels: int = 0  # cancellations `end` made of the root task (the runner's)
+    checking: asyncio.Handle | asyncio.Task[None] | None = None  # a look for quiescence due
+    raised: dict[int, tuple[BaseException, str]] = field(default_factory=dict)  # by id(exc)
+
+    def __post_init__(self) -> None:
+        self.settled.set()
+        self.unrequested = set(self.history)
+        self.next_seq = max((c.seq for c in self.history.values()), default=-1) + 1
+
+    # -- the workflow's tasks --------------------------------------------------------------
+
+    def begin(self) -> None:
+        """The workflow starts in the current task: it becomes the root task."""
+        task = asyncio.current_task()
+        assert task is not None
+        self.root = Frame(self, (), task)
+        _FRAME.set(self.root)
+        self.executing = True
+
+    def places(self, parent: Frame) -> bool:
+        """Whether a task created now by `parent`'s code is a workflow task of this execution
+        (not one of a step's, nor created once the execution is ending)."""
+        return (self.executing and not self.delivered and _STEP.get() is None
+                and parent.task is asyncio.current_task())  # fmt: skip
+
+    def adopt(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self.tasks.discard(task)
+        if self.parks:
+            self.look()
+
+    def live(self) -> list[asyncio.Task[Any]]:
+        """The workflow's tasks that have not finished, the root first."""
+        root = [] if self.root is None or self.root.task is None else [self.root.task]
+        return [t for t in (*root, *self.tasks) if not t.done()]
+
+    # -- checkpoints -----------------------------------------------------------------------
+
+    def slot(
+        self, base: str, kind: str, *, digest: str | None = None, args: str | None = None
+    ) -> Slot:
+        """The next checkpoint of the current task, called `base` (of `kind`, with argument
+        `digest`), and what the history holds there. Raises Abandon(NonDeterminismError) if
+        the history holds another name, kind or digest there, and the execution's end signal
+        once it reached the tasks."""
+        if self.delivered:
+            assert self.ending is not None
+            raise self.ending
+        frame = here(self)
+        local = frame.next
+        frame.next += 1
+        position = frame.position(local)
+        name = frame.name(base)
+        self.requested.append((position, name))
+        recorded = self.history.get(position)
+        if recorded is None:
+            seq = self.next_seq
+            self.next_seq += 1
+            return Slot(seq, position, name, kind, None, digest, args)
+        if recorded.name != name or recorded.kind != kind or _differ(recorded.digest, digest):
+            raise self.abandon(self.mismatch(recorded, name, kind, args))
+        self.unrequested.discard(position)
+        if not self.unrequested:
+            self.frontier_reached()
+        return Slot(recorded.seq, position, name, kind, recorded, digest, args)
+
+    def peek(self, base: str) -> tuple[Checkpoint | None, str]:
+        """What the history holds at the current task's next position, and the name a
+        checkpoint called `base` would get there, without asking for it."""
+        frame = here(self)
+        return self.history.get(frame.position(frame.next)), frame.name(base, peek=True)
+
+    def replaying(self) -> bool:
+        """Whether the history holds checkpoints not asked for yet after the current task's
+        point: later in it, or in tasks it has not created yet."""
+        frame = here(self)
+        return any(frame.after(position) for position in self.unrequested)
+
+    def recorded(self, checkpoint: Checkpoint) -> None:
+        """`checkpoint` was written durably by this execution."""
+        self.history[checkpoint.at] = checkpoint
+        self.writes += 1
+
+    def mismatch(
+        self, recorded: Checkpoint, name: str, kind: str, args: str | None
+    ) -> NonDeterminismError:
+        at = recorded.at
+        if recorded.name != name or recorded.kind != kind:
+            what = (f"recorded {recorded.name!r} at position {at}, this code asked for "
+                    f"{name!r}")  # fmt: skip
+            if recorded.name == name:
+                what += f" as a {kind} (recorded as a {recorded.kind})"
+            return self.divergence(what, at, (recorded.name, name))
+        was = recorded.args if recorded.args is not None else f"digest {recorded.digest}"
+        what = (f"recorded {recorded.name!r} at position {at} with other arguments: recorded "
+                f"{_shown(was)}, this code passes {_shown(args)}")  # fmt: skip
+        return self.divergence(what, at, (recorded.name, name))
+
+    def unreplayed(self) -> NonDeterminismError | None:
+        """The divergence when recorded checkpoints were never asked for again, if any."""
+        if not self.unrequested:
+            return None
+        first = min(self.unrequested, key=lambda p: self.history[p].seq)
+        return self.divergence(
+            f"this code never asked for the recorded {self.history[first].name!r} at "
+            f"position {first} (it stopped after {len(self.requested)} checkpoints)",
+            first,
+            (self.history[first].name, None),
+        )
+
+    def divergence(
+        self, what: str, position: str | None, difference: tuple[str | None, str | None]
+    ) -> NonDeterminismError:
+        recorded = [c.name for c in sorted(self.history.values(), key=lambda c: c.seq)]
+        requested = [name for _, name in self.requested]
+        return NonDeterminismError(
+            f"run {self.run_id!r} of workflow {self.workflow!r} no longer replays: {what}. "
+            f"Recorded: {recorded}; requested: {requested}. Let runs started on the old "
+            f"code finish on it (deploy the change beside it, or roll it back: the run is "
+            f"held until code that replays it comes), or start them anew.",
+            recorded=recorded,
+            requested=requested,
+            position=position,
+            difference=difference,
+        )
+
+    # -- the frontier: nothing new before the whole history was asked for -------------------
+
+    async def at_frontier(self) -> None:
+        """Before anything new (a step attempt, a store write): wait until every recorded
+        checkpoint was asked for again (the history replayed; in replay-only mode, forever),
+        and meet the execution's end if it is ending."""
+        if self.ending is not None:
+            await self.meet_end()
+        if self.unrequested or self.replay_only:
+            from tether.core.suspension import park
+
+            while self.unrequested or self.replay_only:
+                await park(self, frontier=True)
+
+    async def meet_end(self) -> None:
+        """Raise the execution's end signal here, once it reaches the tasks (when nothing is
+        busy: in-flight attempts finish and record first)."""
+        from tether.core.suspension import park
+
+        while True:
+            await park(self)
+
+    def frontier_reached(self) -> None:
+        for park in list(self.parks):
+            if park.frontier and not self.replay_only:
+                park.wake()
+
+    # -- store writes ----------------------------------------------------------------------
+
+    @contextmanager
+    def io(self) -> Iterator[None]:
+        """Tether's own I/O (or a step body) on this execution's behalf: it is busy, and
+        tasks created meanwhile are not workflow tasks."""
+        self.busy += 1
+        self.settled.clear()
+        quiet = _QUIET.set(True)
+        try:
+            yield
+        finally:
+            _QUIET.reset(quiet)
+            self.busy -= 1
+            if self.busy == 0:
+                self.settled.set()
+                if self.ending is not None and not self.delivered:
+                    self.deliver()
+                elif self.parks or self.ending is not None:
+                    self.look()
+
+    async def write(self, checkpoint: Checkpoint) -> None:
+        """Write a checkpoint durably (with any recorded helpers queued before it)."""
+        if isinstance(self.ending, Abandon):
+            raise self.ending
+        store = self.engine.store
+        pending = self.pending
+        self.pending = []
+
+        async def call() -> None:
+            now = self.engine.clock.now()
+            if pending:
+                await asyncio.gather(*(store.write_checkpoint(self.lease, c, now) for c in pending))
+            await store.write_checkpoint(self.lease, checkpoint, now)
+
+        async def read_back() -> object:
+            history = {c.at: c for c in await store.load_history(self.run_id)}
+            written = all(
+                (found := history.get(c.at)) is not None
+                and (found.status, found.attempts) == (c.status, c.attempts)
+                for c in [*pending, checkpoint]
+            )
+            return None if written else MISSING
+
+        await self.durable(call, read_back)
+        for done in pending:
+            self.history[done.at] = done
+        self.recorded(checkpoint)
+
+    async def take_event(self, keys: Sequence[str], done: Checkpoint, now: float) -> str | None:
+        """Consume the oldest event for `keys` into the checkpoint `done` (see Store)."""
+        if isinstance(self.ending, Abandon):
+            raise self.ending
+        if self.pending:
+            await self.flush()
+        store = self.engine.store
+
+        async def call() -> str | None:
+            return await store.take_event(self.lease, keys, done, self.engine.clock.now())
+
+        async def read_back() -> object:
+            # Taken before the acknowledgement was lost: the checkpoint holds it. Taking again
+            # would consume a second event.
+            found = {c.at: c for c in await store.load_history(self.run_id)}.get(done.at)
+            return found.result if found is not None else MISSING
+
+        taken = await self.durable(call, read_back)
+        if taken is not None:
+            self.recorded(done)
+        return None if taken is None else str(taken)
+
+    async def durable(
+        self, call: Callable[[], Awaitable[object]], read_back: Callable[[], Awaitable[object]]
+    ) -> Any:
+        """A store write on this run's behalf, through retry_store; losing the lease or the
+        database for good abandons the run. A new one waits for the history to replay (and
+        meets the execution's end); one inside Tether's I/O (an attempt recording how it
+        ended) goes on."""
+        if not _QUIET.get():
+            await self.at_frontier()
+        if isinstance(self.ending, Abandon):
+            raise self.ending
+        with self.io():
+            try:
+                return await retry_store(self.engine, call, read_back)
+            except (LeaseLost, StoreUnavailable) as exc:
+                raise self.abandon(exc) from None
+
+    def decode(self, recorded: Checkpoint | str, load: Callable[[], T]) -> T:
+        """`load()`: the value of a recorded checkpoint (or of what `recorded` names) decoded.
+        One that cannot be (its text is not JSON, or no longer fits the code's type hint)
+        stops this execution: user code cannot catch that, since going on would take another
+        path than the recorded one. The runner counts it as a failed execution."""
+        try:
+            return load()
+        except Exception as exc:  # only decoding runs in load: it does not fit this code
+            what = (recorded if isinstance(recorded, str)
+                    else f"checkpoint {recorded.name!r} (position {recorded.at})")  # fmt: skip
+            raise self.abandon(SerializationError(
+                f"{what} of run {self.run_id!r} cannot be decoded by this code: {exc}. Deploy "
+                f"code that reads it (the type hint it was recorded under), or repair the row, "
+                f"then `tether runs resume {self.run_id}`"
+            )) from None  # fmt: skip
+
+    async def flush(self) -> None:
+        """Write the recorded helpers still queued (before any other effect, or the end)."""
+        while self.pending:
+            last = self.pending.pop()
+            await self.write(last)
+
+    def failed_at(self, error: BaseException, position: str) -> None:
+        """`error` is what the step at `position` raised into the workflow (so a run that
+        fails with it names the checkpoint, for `app.resume`)."""
+        self.raised[id(error)] = (error, position)
+
+    def position_of(self, error: BaseException) -> str | None:
+        found = self.raised.get(id(error))
+        return found[1] if found is not None and found[0] is error else None
+
+    # -- ending the execution as a whole -----------------------------------------------------
+
+    def abandon(
+        self, cause: LeaseLost | NonDeterminismError | StoreUnavailable | SerializationError
+    ) -> Abandon:
+        """End the execution because the run cannot go on here; returns the signal to raise."""
+        self.end(Abandon(cause))
+        assert isinstance(self.ending, Abandon)
+        return self.ending
+
+    async def replay_now(self) -> None:
+        """Forced-replay mode: end the execution (once the attempts in flight recorded how
+        they ended) to replay it from the store."""
+        self.end(ReplayNow())
+        await self.meet_end()
+
+    def end(self, signal: Signal) -> None:
+        """Decide how the execution ends (the first decision holds, but an Abandon overrides
+        any other). It reaches the tasks once nothing is busy (at once for an Abandon, which
+        stops in-flight work too): parked tasks raise it, tasks waiting on anything else are
+        cancelled, new checkpoints are refused."""
+        if self.ending is not None and (
+            not isinstance(signal, Abandon) or isinstance(self.ending, Abandon)
+        ):
+            return
+        self.ending = signal
+        if self.busy == 0 or isinstance(signal, Abandon):
+            self.deliver()
+
+    def deliver(self) -> None:
+        """The ending reaches the tasks (see end)."""
+        self.delivered = True
+        for park in list(self.parks):
+            park.end()
+        self.look()
+
+    def unwind(self) -> bool:
+        """Cancel the workflow's tasks that wait on something other than Tether (a future of
+        their own, another task): the ending reaches them too. Called once nothing is busy;
+        returns whether some task is about to run (it meets the ending at its next checkpoint,
+        or blocks and is cancelled at the next look)."""
+        if not self.executing:
+            return False
+        parked = {park.task for park in self.parks}
+        ready = False
+        for task in self.live():
+            if task in parked:
+                continue
+            if runnable(task):
+                ready = True
+                continue
+            if self.root is not None and task is self.root.task:
+                self.root_cancels += 1
+            task.cancel()
+        return ready
+
+    def look(self) -> None:
+        """Look soon whether the execution waits as a whole, or can unwind (suspension.py):
+        at the next loop turn, also when a later look was due (something changed)."""
+        if isinstance(self.checking, asyncio.Task):
+            self.checking.cancel()
+            self.checking = None
+        if self.checking is None and self.executing:
+            from tether.core.suspension import look
+
+            self.checking = asyncio.get_running_loop().call_soon(look, self)
+
+    async def close(self) -> None:
+        """The workflow's code returned or raised: let in-flight writes settle when the
+        execution ends to be replayed, then cancel its remaining tasks and wait for them."""
+        if isinstance(self.ending, ReplayNow):
+            await self.settled.wait()
+        self.executing = False
+        if self.checking is not None:
+            self.checking.cancel()
+            self.checking = None
+        leftover = [t for t in self.tasks if not t.done()]
+        for task in leftover:
+            task.cancel()
+        if leftover:
+            await asyncio.gather(*leftover, return_exceptions=True)
+        await self.settled.wait()
+
+
+def _differ(recorded: str | None, asked: str | None) -> bool:
+    """Whether two argument digests differ; an unknown one (not recorded, or arguments that
+    are not JSON) is not compared."""
+    return recorded is not None and asked is not None and recorded != asked
+
+
+def _shown(args: str | None) -> str:
+    if args is None:
+        return "arguments that are not kept"
+    from tether.redact import redact_text
+
+    text = redact_text(args)
+    return text if len(text) <= 300 else text[:300] + "..."
+
+
+async def retry_store(
+    engine: Engine, call: Callable[[], Awaitable[T]], read_back: Callable[[], Awaitable[object]]
+) -> T:
+    """Run a store write; while the database is unreachable, try again with backoff (for up to
+    settings.store_outage seconds). A write whose acknowledgement was lost is resolved by
+    reading it back, never by writing twice: `read_back` returns the outcome if the write
+    happened, MISSING if not."""
+    loop = asyncio.get_running_loop()
+    give_up = loop.time() + engine.settings.store_outage
+    delay = 0.05
+    while True:
+        try:
+            return await call()
+        except StoreUnavailable as exc:
+            if loop.time() >= give_up:
+                raise
+            log.warning("the database is unreachable (%s); retrying in %.2fs", exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 1.0)
+        try:
+            found = await read_back()
+        except StoreUnavailable:
+            continue
+        if found is not MISSING:
+            return found  # type: ignore[return-value]
+
+
+__all__ = ["MISSING", "RunContext", "Slot", "arguments", "retry_store"]

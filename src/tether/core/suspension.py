@@ -1,0 +1,139 @@
+"""When an execution waits as a whole: the tasks parked on Tether (waits, retry delays, the
+replay frontier) and the moment every task of the workflow waits.
+
+A task parks until it may have news (an event for the run, a child's end, its timer), or the
+execution ends. Each time something could have changed, `look` checks whether every workflow
+task waits and nothing is busy. Then the execution suspends once each parked wait has held
+the run in memory for its short while: the suspension stores the union of their wake keys and
+the earliest deadline, so any of them wakes the run. A replay that waits while recorded
+checkpoints were never asked for diverged. It does no I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.core.execution import RunContext
+from tether.core.positions import internal, runnable
+from tether.core.signals import EndOfHistory, Suspend
+
+_END = object()  # a park's result when the execution ends
+
+
+@dataclass(eq=False, slots=True)
+class Park:
+    """One task waiting on Tether."""
+
+    task: asyncio.Task[Any]
+    future: asyncio.Future[object]
+    keys: tuple[str, ...] = ()  # mailbox keys whose arrival is news
+    deadline: float | None = None  # when its timer fires (the engine's clock)
+    hold_until: float = 0.0  # until when it may keep the run in memory
+    frontier: bool = False  # it waits for the replay frontier
+    timer: asyncio.Task[None] | None = field(default=None)
+
+    def wake(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
+
+    def end(self) -> None:
+        if not self.future.done():
+            self.future.set_result(_END)
+
+
+async def park(
+    ctx: RunContext,
+    *,
+    keys: Sequence[str] = (),
+    deadline: float | None = None,
+    frontier: bool = False,
+) -> None:
+    """Wait until this task may have news: an event for the run or a child's end (the run is
+    woken), `deadline`, or (frontier) every recorded checkpoint asked for. Raises the
+    execution's end signal when it ends meanwhile (it suspends, replays, is abandoned)."""
+    if ctx.delivered:
+        assert ctx.ending is not None
+        raise ctx.ending
+    engine = ctx.engine
+    clock = engine.clock
+    now = clock.now()
+    if deadline is not None and deadline <= now:
+        return
+    task = asyncio.current_task()
+    assert task is not None
+    # Waits hold the run in memory a short while (a quick answer resumes it at once), unless
+    # too many runs do already.
+    first = not ctx.parks
+    crowded = first and engine.held_waits >= engine.settings.max_held_waits
+    hold = 0.0 if crowded or frontier else engine.settings.inline_wait_max
+    # Resolved by engine.wake(run id) as well: news for this run.
+    future = engine.wake_future(ctx.run_id)
+    here = Park(task, future, tuple(keys), deadline, now + hold, frontier)
+    if deadline is not None:
+        here.timer = internal(_ring(here, clock, deadline - now))
+    ctx.parks.add(here)
+    if first:
+        engine.held_waits += 1
+        worker = engine.worker
+        if worker is not None and worker.capacity() == 1:
+            worker.notify()  # this run made room: the worker may claim the next one
+    ctx.look()
+    try:
+        outcome = await future
+    finally:
+        ctx.parks.discard(here)
+        if not ctx.parks:
+            engine.held_waits -= 1
+        if here.timer is not None:
+            here.timer.cancel()
+        engine.drop_wake_future(ctx.run_id, future)
+    if outcome is _END:
+        assert ctx.ending is not None
+        raise ctx.ending
+
+
+async def _ring(here: Park, clock: Any, seconds: float) -> None:
+    await clock.sleep(seconds)
+    here.wake()
+
+
+def look(ctx: RunContext) -> None:
+    """Called soon after anything changed: a task parked, an I/O ended, a task finished."""
+    ctx.checking = None
+    if ctx.ending is not None:
+        if ctx.delivered and ctx.busy == 0 and ctx.unwind():
+            ctx.look()  # a task about to run meets the ending; look again after it ran
+        return
+    if ctx.busy or not ctx.parks or not ctx.executing:
+        return  # busy: looked at again when the I/O ends; no park: nothing waits on Tether
+    if any(runnable(task) for task in ctx.live()):
+        ctx.look()  # the next loop turn: what runs now may park, or do I/O, or finish
+        return
+    # Every workflow task waits, and nothing is busy.
+    diverged = ctx.unreplayed()
+    if diverged is not None:  # nothing can ask for the rest of the history any more
+        ctx.abandon(diverged)
+        return
+    if ctx.replay_only:
+        ctx.end(EndOfHistory())
+        return
+    waits = [p for p in ctx.parks if not p.frontier]
+    if not waits:
+        return
+    now = ctx.engine.clock.now()
+    latest = max(p.hold_until for p in waits)
+    if now >= latest:
+        deadlines = [p.deadline for p in waits if p.deadline is not None]
+        keys = sorted({key for p in waits for key in p.keys})
+        ctx.end(Suspend(min(deadlines, default=None), keys))
+        return
+    ctx.checking = internal(_later(ctx, latest - now))
+
+
+async def _later(ctx: RunContext, seconds: float) -> None:
+    await ctx.engine.clock.sleep(seconds)
+    if ctx.checking is asyncio.current_task():
+        look(ctx)

@@ -1,0 +1,157 @@
+"""Workers alive but stalled past their leases, beside a second live worker process: an
+at-most-once step's effect happens once whether its owner is frozen (SIGSTOP, not killed)
+before or after the effect, or its event loop is blocked by a sync call for longer than the
+lease; and a worker whose wall clock runs a minute ahead does not take the others' live runs
+(PostgreSQL: leases are judged on the server's clock). Flows in stall_flows.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from tests.crash.children import child_env
+from tests.crash.flows import read_lines
+from tests.crash.stall_flows import make_app
+
+from tether.store.base import RunStatus
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Workers:
+    """The worker processes of one test, stopped (and thawed) at its end."""
+
+    def __init__(self, db: str, side: Path) -> None:
+        self.db, self.side = db, side
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def start(self, role: str, **env: str) -> subprocess.Popen[str]:
+        with open(self.side / f"log-{role}.txt", "a") as log:  # the child keeps its own copy
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.crash.stall_flows", self.db, str(self.side), role],
+                cwd=ROOT, env=child_env(**env), stdout=subprocess.DEVNULL, stderr=log,
+                text=True,
+            )  # fmt: skip
+        self.procs.append(proc)
+        wait_for((self.side / f"ready-{role}-{proc.pid}").exists, f"{role} ready")
+        return proc
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture
+def workers(db_url: str, tmp_path: Path) -> Iterator[Workers]:
+    running = Workers(db_url, tmp_path)
+    yield running
+    running.stop()
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def start_run(db: str, side: Path, workflow: str, *args: object, run_id: str) -> None:
+    async def go() -> None:
+        app = make_app(db, side, role="client")  # no worker: the run waits to be claimed
+        await app.start(workflow, *args, id=run_id)
+        await app.close()
+
+    asyncio.run(go())
+
+
+def outcome(db: str, side: Path, run_id: str, timeout: float = 40.0) -> tuple[RunStatus, str]:
+    async def go() -> tuple[RunStatus, str]:
+        app = make_app(db, side, role="client")
+        try:
+            handle = await app.get(run_id)
+            result = await handle.result(timeout=timeout)
+            return await handle.status(), str(result)
+        finally:
+            await app.close()
+
+    return asyncio.run(go())
+
+
+def journal(side: Path) -> list[tuple[str, str]]:
+    return [(line.split()[0], line.split()[2]) for line in read_lines(side / "journal.txt")]
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("stall", ["before", "after"])
+def test_an_at_most_once_effect_happens_once_when_its_live_owner_is_frozen_past_its_lease(
+    workers: Workers, db_url: str, tmp_path: Path, stall: str
+) -> None:
+    first = workers.start("first", STALL_AT=stall)
+    start_run(db_url, tmp_path, "pay", 7, run_id="p")
+    wait_for((tmp_path / f"began-{first.pid}").exists, "the first body")
+    os.kill(first.pid, signal.SIGSTOP)  # alive, its pid and row there, but it does nothing
+    try:
+        workers.start("second")
+        status, result = outcome(db_url, tmp_path, "p")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    time.sleep(2.0)  # the thawed owner's body resumes past its deadline: it must not go on
+    assert (status, result) == (RunStatus.SUCCEEDED, "receipt-7")
+    effects = read_lines(tmp_path / "effects.txt")
+    assert len(effects) == 1, effects
+    seen = journal(tmp_path)
+    assert ("second", "reconcile") in seen  # the new owner asked before acting
+    if stall == "after":  # the effect was there: found, never made again
+        assert ("second", "begin") not in seen
+        assert seen.count(("first", "effect")) == 1
+    else:  # not made yet: the new owner made it, the frozen one never did
+        assert ("second", "effect") in seen
+        assert ("first", "effect") not in seen
+
+
+@pytest.mark.crash
+def test_a_worker_whose_loop_is_blocked_past_its_lease_keeps_its_at_most_once_run(
+    workers: Workers, db_url: str, tmp_path: Path
+) -> None:
+    first = workers.start("first", STALL_AT="block")
+    start_run(db_url, tmp_path, "pay_sync", 9, run_id="sync")
+    wait_for((tmp_path / f"began-{first.pid}").exists, "the sync body")
+    start_run(db_url, tmp_path, "busy", run_id="hog")  # blocks the first worker's loop for 6 s
+    wait_for((tmp_path / f"hogging-{first.pid}").exists, "the loop to block")
+    workers.start("second")  # it would take "sync" if the blocked worker's lease ran out
+    assert outcome(db_url, tmp_path, "sync") == (RunStatus.SUCCEEDED, "receipt-9")
+    assert outcome(db_url, tmp_path, "hog")[0] is RunStatus.SUCCEEDED
+    assert len(read_lines(tmp_path / "effects.txt")) == 1
+    seen = journal(tmp_path)
+    assert [who for who, what in seen if what in ("begin", "reconcile")] == ["first"]
+
+
+@pytest.mark.crash
+@pytest.mark.parametrize("backend", ["postgres"])
+def test_a_worker_with_its_clock_a_minute_ahead_takes_no_live_run_of_another(
+    workers: Workers, db_url: str, tmp_path: Path
+) -> None:
+    first = workers.start("first")
+    start_run(db_url, tmp_path, "long", run_id="long")
+    wait_for((tmp_path / f"working-{first.pid}").exists, "the first worker's step")
+    workers.start("skewed", CLOCK_SKEW="60")
+    assert outcome(db_url, tmp_path, "long") == (RunStatus.SUCCEEDED, "worked")
+    assert journal(tmp_path) == [("first", "begin"), ("first", "done")]
