@@ -105,8 +105,8 @@ async def run_until_idle(app: App, *, advance: bool = True, timeout: float = 30.
             await asyncio.sleep(0.005)  # let the worker claim what is due
 
 
-# Times, and who wrote a checkpoint under which lease: nothing replay looks at.
-_NOT_EXPORTED = ("started_at", "finished_at", "owner", "epoch")
+# Times: nothing replay looks at.
+_NOT_EXPORTED = ("started_at", "finished_at")
 
 
 async def export_history(app: App, run_id: str) -> dict[str, Any]:

@@ -17,7 +17,12 @@ one of
                                                 `choice` S seconds after it saw it; then walk
                                                 one branch or the other
     {"op": "child", "ops": [...]}               a child run of the same workflow, awaited
-Branches and children hold steps, flaky steps, sleeps and streams only.
+    {"op": "gather", "branches": [[...], ...]}  branches run at once (asyncio.gather of helper
+                                                coroutines): each its steps, sleeps, events
+                                                and children, in a task of its own
+Approval branches and children hold steps, flaky steps, sleeps and streams only; gather
+branches hold steps, flaky steps, sleeps, events and children (never a step that fails for
+good: which steps of the other branches then end is up to the scheduler).
 
 One workflow, `soak`, interprets a spec, so every worker process runs the same code. Every step
 body appends a JSON line to `bodies-<pid>.jsonl` in the side folder (flushed and fsynced) when it
@@ -63,6 +68,7 @@ DOOMED = 99  # a flaky step failing this many times fails for good, and its run 
 # Retry delays 0.3, 0.6, 1.2 s: with INLINE_WAIT the later ones suspend the run durably.
 RETRY = tether.Retry(max_attempts=MAX_ATTEMPTS, initial_delay=timedelta(seconds=0.3), jitter=0.0)
 INLINE_WAIT = 0.5  # waits (sleeps, events, approvals, retries) longer than this suspend the run
+LEASE = 3.0  # seconds; the driver's stalls last longer
 SIMPLE = ("step", "flaky", "sleep", "stream")
 Spec = dict[str, Any]
 
@@ -83,10 +89,14 @@ def generate(seed: int, runs: int, window: float) -> list[Spec]:
     return specs
 
 
-def _op(rng: random.Random, *, top: bool) -> Spec:
-    kinds = ["step"] * 5 + ["flaky"] * 2 + ["sleep"] * 2 + ["stream"] * 3
+def _op(rng: random.Random, *, top: bool, branch: bool = False) -> Spec:
+    kinds = ["step"] * 5 + ["flaky"] * 2 + ["sleep"] * 2
+    if branch:
+        kinds += ["event", "child"]
+    else:
+        kinds += ["stream"] * 3
     if top:
-        kinds += ["event"] * 2 + ["approval"] * 2 + ["child"]
+        kinds += ["event"] * 2 + ["approval"] * 2 + ["child", "gather", "gather"]
     kind = rng.choice(kinds)
     if kind == "step":
         return {"op": "step", "ms": rng.randint(5, 400)}
@@ -106,6 +116,11 @@ def _op(rng: random.Random, *, top: bool) -> Spec:
                 "decide_after": round(rng.uniform(0, 2), 3),
                 "then": [_op(rng, top=False) for _ in range(rng.randint(1, 2))],
                 "else": [_op(rng, top=False) for _ in range(rng.randint(1, 2))]}  # fmt: skip
+    if kind == "gather":
+        return {"op": "gather", "branches": [
+            [_op(rng, top=False, branch=True) for _ in range(rng.randint(1, 3))]
+            for _ in range(rng.randint(2, 3))
+        ]}  # fmt: skip
     return {"op": "child", "ops": [_op(rng, top=False) for _ in range(rng.randint(1, 3))]}
 
 
@@ -155,11 +170,14 @@ class _Fails(Exception):
 def expect(run_id: str, ops: list[Spec]) -> Expected:
     """The model of the run `run_id` of `soak({"ops": ops})`."""
     exp = Expected(run_id)
-    seen: Counter[str] = Counter()
+    seen: dict[str, Counter[str]] = {"": Counter()}  # per workflow task: "" the root, "@i"
+    tasks = [0]  # the tasks the root created so far (gather's branches, in order)
+    task = ""  # the task the model is in
 
-    def name(base: str) -> str:  # checkpoint names, numbered as the engine does
-        seen[base] += 1
-        return base if seen[base] == 1 else f"{base}#{seen[base]}"
+    def name(base: str) -> str:  # checkpoint names, numbered as the engine does, per task
+        count = seen.setdefault(task, Counter())
+        count[base] += 1
+        return f"{base}{task}" if count[base] == 1 else f"{base}{task}#{count[base]}"
 
     def step(base: str, fails: int) -> int:
         checkpoint = name(base)
@@ -197,11 +215,22 @@ def expect(run_id: str, ops: list[Spec]) -> Expected:
             exp.approvals[label] = (op["choice"], op["decide_after"])
             branch = walk(op["then"] if approved else op["else"], branch_prefix(label, approved))
             return {"status": "approved" if approved else "rejected", "branch": branch}
+        if kind == "gather":
+            return [in_task(branch, f"{label}.{b}.") for b, branch in enumerate(op["branches"])]
         child = expect(f"{run_id}/{name('child:' + WORKFLOW)}", op["ops"])
         exp.children.append(child)
         if child.status != "succeeded":
             raise _Fails(child.id)
         return child.result
+
+    def in_task(ops: list[Spec], prefix: str) -> list[Any]:
+        nonlocal task
+        task = f"@{tasks[0]}"
+        tasks[0] += 1
+        try:
+            return walk(ops, prefix)
+        finally:
+            task = ""
 
     try:
         exp.result = walk(ops, "")
@@ -220,7 +249,8 @@ class Flake(Exception):
 def make_app(db: str | Path, side_dir: str | Path) -> tether.App:
     """An App on `db` with the `soak` workflow; step bodies note themselves in `side_dir`."""
     side = Path(side_dir)
-    app = tether.App(database_url(db))
+    # A short lease: a worker stalled (SIGSTOP) for longer loses its runs to the other.
+    app = tether.App(database_url(db), lease_duration=timedelta(seconds=LEASE))
     app.engine.settings = dataclasses.replace(app.engine.settings, inline_wait_max=INLINE_WAIT)
 
     def note(what: str, outcome: str | None = None) -> StepContext:
@@ -289,6 +319,10 @@ def make_app(db: str | Path, side_dir: str | Path) -> tether.App:
             branch = op["then"] if decision.approved else op["else"]
             results = await walk(branch, branch_prefix(label, decision.approved))
             return {"status": decision.status, "branch": results}
+        if kind == "gather":
+            return list(await asyncio.gather(
+                *(walk(branch, f"{label}.{b}.") for b, branch in enumerate(op["branches"]))
+            ))  # fmt: skip
         return await (await tether.start_child(soak, {"ops": op["ops"]}))
 
     @app.workflow(name=WORKFLOW)

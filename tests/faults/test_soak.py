@@ -1,17 +1,19 @@
 """The random soak, model-checked: seeded random workflows (steps, flaky steps with retries,
-durable sleeps, events, approvals decided by a script, child runs, streams) run by two worker
-processes on one database while the test kills one of them with SIGKILL every few seconds and
-starts it again, until every run has ended. Then everything the database and the side files
-hold must equal what the model (tests/faults/soak.py) computes from the specs alone: runs by
-status, results, step checkpoints (one per step call, with the model's attempts), approvals
-decided once, events taken once, the visible text of every stream, child runs. A step body may
-run more than once only where a kill cut an execution short: between its start and the commit
-of its checkpoint.
+durable sleeps, events, approvals decided by a script, child runs, streams, and branches run at
+once with gather: steps, waits and children in concurrent tasks) run by two worker processes on
+one database while the test kills one of them with SIGKILL every few seconds and starts it
+again, or stalls it with SIGSTOP for longer than its lease and lets it go on (alive all along:
+the other worker adopts its runs, and its own writes are refused), until every run has ended.
+Then everything the database and the side files hold must equal what the model
+(tests/faults/soak.py) computes from the specs alone: runs by status, results, step checkpoints
+(one per step call, with the model's attempts), approvals decided once, events taken once, the
+visible text of every stream, child runs. A step body may run more than once only where a kill
+cut an execution short: between its start and the commit of its checkpoint.
 
-The workload comes from a seed (the date, unless $TETHER_SOAK_SEED), printed on failure with
-the command that replays it; the kills' moments are not replayed exactly (they depend on timing).
-CI runs a bounded soak ($TETHER_SOAK_RUNS=40 runs started over $TETHER_SOAK_SECONDS=20 s, about
-25 s in all, 5-7 kills) on SQLite, and a smaller one on PostgreSQL; `make soak` runs a long one.
+The workload comes from a seed (the date, unless $TETHER_SOAK_SEED), printed on failure with the
+command that replays it; the kills' moments are not replayed exactly (they depend on timing). CI
+runs a bounded soak ($TETHER_SOAK_RUNS=40 runs started over $TETHER_SOAK_SECONDS=20 s, about 25
+s in all, 5-7 kills) on SQLite, and a smaller one on PostgreSQL; `make soak` runs a long one.
 """
 
 from __future__ import annotations
@@ -42,7 +44,17 @@ from tests.postgres_server import with_schema
 
 import tether
 
-from .soak import REVIEWER, STREAM, WORKFLOW, Expected, event_payload, expect, generate, make_app
+from .soak import (
+    LEASE,
+    REVIEWER,
+    STREAM,
+    WORKFLOW,
+    Expected,
+    event_payload,
+    expect,
+    generate,
+    make_app,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = int(os.environ.get("TETHER_SOAK_SEED") or date.today().strftime("%Y%m%d"))
@@ -53,6 +65,8 @@ STUCK = 10.0  # runs asleep this long on an event they were sent are lost wake-u
 KILL_EVERY = (2.5, 4.5)  # seconds between kills, drawn from the seed (shorter in short soaks)
 MIN_KILLS = 3
 TARGETED = 0.7  # the share of kills aimed at a worker with a step body in flight
+STALLS = 0.3  # the share of blows that stall (SIGSTOP, then SIGCONT) instead of killing
+STALL = LEASE + 1.5  # seconds a stalled worker stays stopped: past its lease
 SIZES = {"sqlite": (RUNS, SECONDS), "postgres": (max(RUNS // 3, 8), max(SECONDS * 0.6, 10))}
 
 
@@ -81,7 +95,10 @@ class Workers:
         self.logs: list[Path] = []
         self.log: dict[int, Path] = {}  # pid -> its log
         self.kills: dict[int, float] = {}  # pid -> time (time.time()) just before its SIGKILL
-        self.mid_body = 0  # kills that found a step body of the process in flight
+        # pid -> times (time.time()) just before its SIGSTOPs: each cut its executions short.
+        self.stalls: dict[int, list[float]] = {}
+        self.thaw_at: dict[int, float] = {}  # pid of a stopped worker -> when it goes on
+        self.mid_body = 0  # kills and stalls that found a step body of the process in flight
         self.procs = [self._spawn(), self._spawn()]
 
     def _spawn(self) -> subprocess.Popen[bytes]:
@@ -106,9 +123,35 @@ class Workers:
         proc = self.procs[slot]
         self.mid_body += self.in_flight(slot) > 0
         self.kills[proc.pid] = time.time()
+        self.thaw_at.pop(proc.pid, None)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         self.procs[slot] = self._spawn()
+
+    def stall(self, slot: int) -> None:
+        """Stop the worker (alive, its row and pid there) for longer than its lease."""
+        proc = self.procs[slot]
+        self.mid_body += self.in_flight(slot) > 0
+        self.stalls.setdefault(proc.pid, []).append(time.time())
+        os.kill(proc.pid, signal.SIGSTOP)
+        self.thaw_at[proc.pid] = time.monotonic() + STALL
+
+    def thaw(self, everyone: bool = False) -> None:
+        """Let the stopped workers whose stall is over go on."""
+        for pid, at in list(self.thaw_at.items()):
+            if everyone or time.monotonic() >= at:
+                os.kill(pid, signal.SIGCONT)
+                del self.thaw_at[pid]
+
+    def stopped(self, slot: int) -> bool:
+        return self.procs[slot].pid in self.thaw_at
+
+    def cuts(self) -> dict[int, list[float]]:
+        """pid -> the times its executions were cut short: its stalls, then its kill."""
+        out = {pid: list(times) for pid, times in self.stalls.items()}
+        for pid, at in self.kills.items():
+            out.setdefault(pid, []).append(at)
+        return out
 
     def died(self) -> str | None:
         """What a worker that exited by itself said (none should)."""
@@ -120,6 +163,7 @@ class Workers:
         return None
 
     def stop(self) -> list[int]:
+        self.thaw(everyone=True)
         for proc in self.procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -163,12 +207,12 @@ class Execution:
 
 
 def check_bodies(
-    records: list[dict[str, Any]], kills: dict[int, float], expected: dict[Key, str]
+    records: list[dict[str, Any]], cuts: dict[int, list[float]], expected: dict[Key, str]
 ) -> tuple[list[str], Counter[str]]:
     """Problems with the step bodies' executions, and counts: every attempt the model makes
-    ran, and none other; an attempt ran again only after a kill cut short the process that ran
-    it before (kills: pid -> time of its SIGKILL); the last execution of each attempt ended as
-    the model says (failed or succeeded)."""
+    ran, and none other; an attempt ran again only after a kill or a stall cut short the
+    process that ran it before, after that execution began (cuts: pid -> times of its SIGKILL
+    and SIGSTOPs); the last execution of each attempt ended as the model says."""
     problems: list[str] = []
     runs: dict[Key, dict[int, Execution]] = {}
     for r in records:
@@ -194,14 +238,15 @@ def check_bodies(
         counts["attempts"] += 1
         counts["executions"] += len(executions)
         for earlier, later in pairwise(executions):
-            killed = kills.get(earlier.pid)
-            if killed is None or later.start < killed:
+            times = [c for c in cuts.get(earlier.pid, []) if earlier.start <= c < later.start]
+            killed = times[0] if times else None
+            if killed is None:
                 problems.append(
                     f"{key}: ran again in process {later.pid} at {later.start:.3f}, but process "
-                    f"{earlier.pid} (started it at {earlier.start:.3f}, killed at {killed}) was "
-                    f"not cut short by a kill before that"
+                    f"{earlier.pid} (started it at {earlier.start:.3f}, cut at "
+                    f"{cuts.get(earlier.pid)}) was not cut short by a kill before that"
                 )
-            elif earlier.end is None:
+            elif earlier.end is None or earlier.end > killed:
                 counts["re-executed: killed mid-body"] += 1
             else:
                 counts["re-executed: killed after the body, before its checkpoint"] += 1
@@ -271,11 +316,15 @@ async def drive(
                 break
         died = workers.died()
         assert died is None, f"{died}; {hint}"
+        workers.thaw()
         if now >= next_kill:
-            busy = [workers.in_flight(slot) for slot in (0, 1)]
+            busy = [-1 if workers.stopped(s) else workers.in_flight(s) for s in (0, 1)]
             if rng.random() >= TARGETED or max(busy) > 0 or postponed >= 1.0:
                 slot = busy.index(max(busy)) if max(busy) > 0 else rng.randrange(2)
-                workers.kill(slot)
+                if rng.random() < STALLS and not any(map(workers.stopped, (0, 1))):
+                    workers.stall(slot)
+                else:
+                    workers.kill(slot)
                 next_kill, postponed = now + rng.uniform(*every), 0.0
             else:  # wait a little for a body in flight to kill
                 next_kill, postponed = now + 0.05, postponed + 0.05
@@ -471,7 +520,7 @@ async def test_random_workflows_end_as_the_model_says_while_workers_are_killed(
     records, torn = read_bodies(side)
     wanted = {(e.id, name, attempt): outcome
               for e in family for (name, attempt), outcome in e.bodies.items()}  # fmt: skip
-    problems, counts = check_bodies(records, workers.kills, wanted)
+    problems, counts = check_bodies(records, workers.cuts(), wanted)
     record_figures(f"soak ({backend})", family, observed, workers, counts, problems, lost, seconds)
 
     stuck = " (all asleep on events they were sent: lost wake-ups)" if asleep else ""
@@ -490,7 +539,8 @@ async def test_random_workflows_end_as_the_model_says_while_workers_are_killed(
     assert len(verified) == sum(len(e.approvals) for e in family), hint
     assert problems == [], hint
     assert torn <= len(workers.kills), hint  # only a killed process's last line may be torn
-    assert len(workers.kills) >= MIN_KILLS, f"too few kills for a soak; {hint}"
+    blows = len(workers.kills) + sum(map(len, workers.stalls.values()))
+    assert blows >= MIN_KILLS, f"too few kills and stalls for a soak; {hint}"
 
 
 def record_figures(
@@ -503,7 +553,10 @@ def record_figures(
              counts["re-executed: killed after the body, before its checkpoint"]]  # fmt: skip
     figures.record(f"{name}: runs (children included)", len(family))
     figures.record(f"{name}: worker processes killed", len(workers.kills))
-    figures.record(f"{name}: kills that landed while a step body ran", workers.mid_body)
+    figures.record(f"{name}: worker processes stalled past their lease",
+                   sum(map(len, workers.stalls.values())))  # fmt: skip
+    figures.record(f"{name}: kills and stalls that landed while a step body ran",
+                   workers.mid_body)  # fmt: skip
     figures.record(f"{name}: step checkpoints completed", done)
     figures.record(f"{name}: step completions recorded twice",
                    sum(run["duplicate step checkpoints"] for run in observed.values()))  # fmt: skip
@@ -533,16 +586,23 @@ def test_the_body_check_allows_a_second_execution_only_after_a_kill_cut_the_firs
     assert check_bodies(once, {}, model) == ([], Counter(attempts=1, executions=1))
 
     cut = [note("start", 1, 1.0), note("start", 2, 3.0), note("end", 2, 3.1, "ok")]
-    problems, counts = check_bodies(cut, {1: 2.0}, model)
+    problems, counts = check_bodies(cut, {1: [2.0]}, model)
     assert (problems, counts["re-executed: killed mid-body"]) == ([], 1)
 
     twice = [*once, note("start", 2, 3.0), note("end", 2, 3.1, "ok")]
     assert check_bodies(twice, {}, model)[0] == [
         "('r', 'work', 1): ran again in process 2 at 3.000, but process 1 (started it at "
-        "1.000, killed at None) was not cut short by a kill before that"
+        "1.000, cut at None) was not cut short by a kill before that"
     ]
     # Killed only after the second execution began: the first was not what the kill cut short.
-    assert len(check_bodies(twice, {1: 3.5}, model)[0]) == 1
+    assert len(check_bodies(twice, {1: [3.5]}, model)[0]) == 1
+    # A stall before the first execution began does not explain the second either; one while
+    # it ran does, even when the stalled process ends its body after the other began.
+    assert len(check_bodies(twice, {1: [0.5]}, model)[0]) == 1
+    stalled = [note("start", 1, 1.0), note("start", 2, 3.0), note("end", 1, 3.2, "ok"),
+               note("end", 2, 3.1, "ok")]  # fmt: skip
+    problems, counts = check_bodies(stalled, {1: [1.5]}, model)
+    assert (problems, counts["re-executed: killed mid-body"]) == ([], 1)
     assert check_bodies(once, {}, {("r", "work", 1): "fail"})[0] == [
         "('r', 'work', 1): its last execution (process 1) ended 'ok', the model says 'fail'"
     ]
@@ -557,7 +617,8 @@ def test_the_workload_and_its_model_follow_from_the_seed_alone() -> None:
     assert specs == generate(7, 30, 10.0)
     assert specs != generate(8, 30, 10.0)
     kinds = Counter(op["op"] for spec in specs for op in spec["ops"])
-    assert set(kinds) == {"step", "flaky", "sleep", "stream", "event", "approval", "child"}
+    assert set(kinds) == {"step", "flaky", "sleep", "stream", "event", "approval", "child",
+                          "gather"}  # fmt: skip
     model = expect("r", [
         {"op": "flaky", "fails": 2, "ms": 1},
         {"op": "stream", "n": 2, "in": "step", "fails": 1, "ms": 1},
@@ -574,3 +635,19 @@ def test_the_workload_and_its_model_follow_from_the_seed_alone() -> None:
     assert model.stream == ["1.0@2", "1.1@2"]
     assert (model.approvals, model.events) == ({"2": ("reject", 0)}, {"e4": 0})
     assert [(c.id, c.result) for c in model.children] == [("r/child:soak", ["0:ok"])]
+    fan = expect("f", [
+        {"op": "step", "ms": 1},
+        {"op": "gather", "branches": [
+            [{"op": "step", "ms": 1}, {"op": "child", "ops": [{"op": "step", "ms": 1}]}],
+            [{"op": "flaky", "fails": 1, "ms": 1}, {"op": "step", "ms": 1},
+             {"op": "event", "send_after": 0}],
+        ]},
+        {"op": "gather", "branches": [[{"op": "step", "ms": 1}], [{"op": "sleep", "ms": 1}]]},
+    ])  # fmt: skip
+    assert fan.steps == {"work": ("completed", 1), "work@0": ("completed", 1),
+                         "flaky@1": ("completed", 2), "work@1": ("completed", 1),
+                         "work@2": ("completed", 1)}  # fmt: skip
+    assert [c.id for c in fan.children] == ["f/child:soak@0"]
+    assert fan.result == ["0:ok", [["1.0.0:ok", ["0:ok"]], ["1.1.0:ok@2", "1.1.1:ok", "f/e1.1.2"]],
+                          [["2.0.0:ok"], [None]]]  # fmt: skip
+    assert fan.events == {"e1.1.2": 0}

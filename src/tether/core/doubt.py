@@ -60,33 +60,49 @@ async def settle_marker(
 ) -> object:
     """The history holds the start marker of an attempt with no outcome: wait until that
     attempt is over for certain, then reconcile it."""
-    marker = slot.recorded
-    assert marker is not None
+    recorded = slot.recorded
+    assert recorded is not None
     await ctx.at_frontier()
-    if not await _over(ctx, marker):
-        when = marker.retry_at
+    if not await _over(ctx, recorded):
+        when = recorded.retry_at
         assert when is not None  # _over is true for markers without one
         clock = ctx.engine.clock
         while clock.now() < when:
             await park(ctx, deadline=when)
-    return await reconcile(step, ctx, slot, marker.attempts, args, kwargs)
+    return await reconcile(step, ctx, slot, recorded.attempts, args, kwargs)
 
 
-async def _over(ctx: RunContext, marker: Checkpoint) -> bool:
+def marker(owner: str, epoch: int) -> str:
+    """The result of an at-most-once start marker: the lease its attempt ran under."""
+    return json.dumps({"owner": owner, "epoch": epoch})
+
+
+def _owner(recorded: Checkpoint) -> str | None:
+    """The worker whose attempt a start marker records, or None (an older marker)."""
+    try:
+        found = json.loads(recorded.result or "null")
+    except ValueError:
+        return None
+    owner = found.get("owner") if isinstance(found, dict) else None
+    return owner if isinstance(owner, str) else None
+
+
+async def _over(ctx: RunContext, recorded: Checkpoint) -> bool:
     """Whether the marker's attempt is over for certain without waiting: its time is up, or
     its worker is gone (its row released or deleted, or its process dead on this machine).
     A marker of an older version, without owner or deadline, counts as over."""
-    if marker.owner is None or marker.retry_at is None:
+    owner = _owner(recorded)
+    if owner is None or recorded.retry_at is None:
         return True
-    if ctx.engine.clock.now() >= marker.retry_at:
+    if ctx.engine.clock.now() >= recorded.retry_at:
         return True
-    if marker.owner == ctx.lease.worker_id:
+    if owner == ctx.lease.worker_id:
         # This worker's own earlier execution: over once its thread (if any) has ended.
-        await ctx.engine.thread_over((ctx.run_id, marker.name))
+        await ctx.engine.thread_over((ctx.run_id, recorded.name))
         return True
     with ctx.io():
         workers = await ctx.engine.store.list_workers()
-    return gone(marker.owner, workers)
+    return gone(owner, workers)
 
 
 async def reconcile(

@@ -13,13 +13,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether.core.context import _STEP
-from tether.core.positions import _FRAME, _QUIET, Frame, here, runnable
+from tether.core.positions import _FRAME, Frame, here, runnable
 from tether.core.signals import Abandon, ReplayNow, Signal
 from tether.errors import (
     LeaseLost,
@@ -27,7 +26,7 @@ from tether.errors import (
     SerializationError,
     StoreUnavailable,
 )
-from tether.serde import canonical
+from tether.serde import canonical, plain_canonical
 from tether.store.base import Checkpoint, CheckpointStatus, Lease
 
 if TYPE_CHECKING:
@@ -41,38 +40,60 @@ T = TypeVar("T")
 MISSING = object()  # what a read-back returns when the write did not happen
 
 
-ARGS_KEPT = 2048  # the longest arguments a step checkpoint keeps as text (for messages)
+ARGS_KEPT = 2048  # the longest arguments a checkpoint keeps as text; longer: their digest
 
 
-def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[str | None, str | None]:
-    """(digest, canonical JSON when short) of a call's arguments, compared on replay; (None,
-    None) for arguments that are not JSON (they are not compared)."""
+def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """What a checkpoint keeps of a call's arguments, compared on replay: their canonical JSON
+    {"args": [...], "kwargs": {...}}, or {"$digest": its sha256} when that is longer than
+    ARGS_KEPT; None for arguments that are not JSON (not compared). The text of a given value
+    must never change from one version to the next: recorded arguments must keep matching."""
+    call = {"args": args, "kwargs": kwargs}
     try:
-        text = canonical({"args": list(args), "kwargs": kwargs})
-    except Exception:  # an object the serializer does not know: not compared
-        return None, None
-    digest = hashlib.sha256(text.encode()).hexdigest()[:32]
-    return digest, text if len(text) <= ARGS_KEPT else None
+        text = plain_canonical(call)  # plain JSON values (most calls): the C encoder alone
+    except (TypeError, ValueError):
+        try:
+            text = canonical(call)  # tagged values (datetimes, sets, models...): serde's
+        except Exception:  # an object the serializer does not know: not compared
+            return None
+    if len(text) <= ARGS_KEPT:
+        return text
+    return plain_canonical({"$digest": hashlib.sha256(text.encode()).hexdigest()})
 
 
-@dataclass(frozen=True, slots=True)
 class Slot:
     """A checkpoint the code asked for: where it sits, its name, and what the history holds
-    there (None: it is new)."""
+    there (None: it is new). Made for every checkpoint asked for: a plain class, not a
+    dataclass, for speed."""
 
-    seq: int
-    position: str
-    name: str
-    kind: str
-    recorded: Checkpoint | None
-    digest: str | None = None
-    args: str | None = None
+    __slots__ = ("args", "kind", "name", "position", "recorded", "seq")
 
-    def checkpoint(self, status: CheckpointStatus, **fields: Any) -> Checkpoint:
-        """This slot's checkpoint in `status`, with `fields` (result, attempts, times...)."""
-        return Checkpoint(seq=self.seq, name=self.name, kind=self.kind, status=status,
-                          position=self.position, digest=self.digest, args=self.args,
-                          **fields)  # fmt: skip
+    def __init__(
+        self,
+        seq: int,
+        position: str,
+        name: str,
+        kind: str,
+        recorded: Checkpoint | None,
+        args: str | None = None,
+    ) -> None:
+        self.seq, self.position, self.name, self.kind = seq, position, name, kind
+        self.recorded, self.args = recorded, args
+
+    def checkpoint(
+        self,
+        status: CheckpointStatus,
+        *,
+        result: str | None = None,
+        error: str | None = None,
+        attempts: int = 0,
+        started_at: float | None = None,
+        finished_at: float | None = None,
+        retry_at: float | None = None,
+    ) -> Checkpoint:
+        """This slot's checkpoint in `status`."""
+        return Checkpoint(self.seq, self.name, self.kind, status, result, error, attempts,
+                          started_at, finished_at, retry_at, self.position, self.args)  # fmt: skip
 
 
 @dataclass(eq=False, slots=True)
@@ -87,10 +108,10 @@ class RunContext:
     replay_only: bool = False  # checking a history: never execute, stop where it ends
     next_seq: int = 0  # the row of the next new checkpoint: after every recorded one
     unrequested: set[str] = field(default_factory=set)  # recorded, not asked for again yet
-    requested: list[tuple[str, str]] = field(default_factory=list)  # (position, name) asked
+    requested: list[str] = field(default_factory=list)  # names asked for, in order
     pending: list[Checkpoint] = field(default_factory=list)  # recorded helpers not yet written
     busy: int = 0  # store writes and step bodies in flight now
-    settled: asyncio.Event = field(default_factory=asyncio.Event)  # set while busy is 0
+    idle: list[asyncio.Future[None]] = field(default_factory=list)  # waiting for busy == 0
     ending: Signal | None = None  # how this execution ends, once decided
     delivered: bool = False  # the ending reached the tasks (once nothing was busy)
     writes: int = 0  # checkpoints this execution wrote: whether it made progress
@@ -103,9 +124,9 @@ class RunContext:
     raised: dict[int, tuple[BaseException, str]] = field(default_factory=dict)  # by id(exc)
 
     def __post_init__(self) -> None:
-        self.settled.set()
-        self.unrequested = set(self.history)
-        self.next_seq = max((c.seq for c in self.history.values()), default=-1) + 1
+        if self.history:
+            self.unrequested = set(self.history)
+            self.next_seq = max(c.seq for c in self.history.values()) + 1
 
     # -- the workflow's tasks --------------------------------------------------------------
 
@@ -139,33 +160,39 @@ class RunContext:
 
     # -- checkpoints -----------------------------------------------------------------------
 
-    def slot(
-        self, base: str, kind: str, *, digest: str | None = None, args: str | None = None
-    ) -> Slot:
-        """The next checkpoint of the current task, called `base` (of `kind`, with argument
-        `digest`), and what the history holds there. Raises Abandon(NonDeterminismError) if
-        the history holds another name, kind or digest there, and the execution's end signal
-        once it reached the tasks."""
+    def slot(self, base: str, kind: str, args: str | None = None) -> Slot:
+        """The next checkpoint of the current task, called `base` (of `kind`, called with
+        `args`: see arguments), and what the history holds there. Raises
+        Abandon(NonDeterminismError) if the history holds another name, kind or arguments
+        there, and the execution's end signal once it reached the tasks."""
         if self.delivered:
             assert self.ending is not None
             raise self.ending
-        frame = here(self)
+        frame = _FRAME.get()
+        if frame is None or frame.ctx is not self or frame.task is not asyncio.current_task():
+            frame = here(self)  # raises: a task Tether did not place
         local = frame.next
         frame.next += 1
-        position = frame.position(local)
-        name = frame.name(base)
-        self.requested.append((position, name))
+        position = frame.prefix + str(local) if frame.prefix else str(local)
+        counts = frame.counts  # the readable name: base, base#2 ... (see Frame.name)
+        count = counts[base] = counts.get(base, 0) + 1
+        name = f"{base}{frame.label}" if count == 1 else f"{base}{frame.label}#{count}"
+        self.requested.append(name)
         recorded = self.history.get(position)
         if recorded is None:
             seq = self.next_seq
             self.next_seq += 1
-            return Slot(seq, position, name, kind, None, digest, args)
-        if recorded.name != name or recorded.kind != kind or _differ(recorded.digest, digest):
+            return Slot(seq, position, name, kind, None, args)
+        if (
+            recorded.name != name
+            or recorded.kind != kind
+            or (args is not None and recorded.args is not None and args != recorded.args)
+        ):
             raise self.abandon(self.mismatch(recorded, name, kind, args))
         self.unrequested.discard(position)
         if not self.unrequested:
             self.frontier_reached()
-        return Slot(recorded.seq, position, name, kind, recorded, digest, args)
+        return Slot(recorded.seq, position, name, kind, recorded, args)
 
     def peek(self, base: str) -> tuple[Checkpoint | None, str]:
         """What the history holds at the current task's next position, and the name a
@@ -194,9 +221,8 @@ class RunContext:
             if recorded.name == name:
                 what += f" as a {kind} (recorded as a {recorded.kind})"
             return self.divergence(what, at, (recorded.name, name))
-        was = recorded.args if recorded.args is not None else f"digest {recorded.digest}"
         what = (f"recorded {recorded.name!r} at position {at} with other arguments: recorded "
-                f"{_shown(was)}, this code passes {_shown(args)}")  # fmt: skip
+                f"{_shown(recorded.args)}, this code passes {_shown(args)}")  # fmt: skip
         return self.divergence(what, at, (recorded.name, name))
 
     def unreplayed(self) -> NonDeterminismError | None:
@@ -215,7 +241,7 @@ class RunContext:
         self, what: str, position: str | None, difference: tuple[str | None, str | None]
     ) -> NonDeterminismError:
         recorded = [c.name for c in sorted(self.history.values(), key=lambda c: c.seq)]
-        requested = [name for _, name in self.requested]
+        requested = list(self.requested)
         return NonDeterminismError(
             f"run {self.run_id!r} of workflow {self.workflow!r} no longer replays: {what}. "
             f"Recorded: {recorded}; requested: {requested}. Let runs started on the old "
@@ -241,6 +267,13 @@ class RunContext:
             while self.unrequested or self.replay_only:
                 await park(self, frontier=True)
 
+    async def before_effect(self) -> None:
+        """Before a new effect that runs user code (a step body): the frontier, then the
+        recorded helpers written."""
+        await self.at_frontier()
+        if self.pending:
+            await self.flush()
+
     async def meet_end(self) -> None:
         """Raise the execution's end signal here, once it reaches the tasks (when nothing is
         busy: in-flight attempts finish and record first)."""
@@ -256,38 +289,47 @@ class RunContext:
 
     # -- store writes ----------------------------------------------------------------------
 
-    @contextmanager
-    def io(self) -> Iterator[None]:
-        """Tether's own I/O (or a step body) on this execution's behalf: it is busy, and
-        tasks created meanwhile are not workflow tasks."""
-        self.busy += 1
-        self.settled.clear()
-        quiet = _QUIET.set(True)
-        try:
-            yield
-        finally:
-            _QUIET.reset(quiet)
-            self.busy -= 1
-            if self.busy == 0:
-                self.settled.set()
-                if self.ending is not None and not self.delivered:
-                    self.deliver()
-                elif self.parks or self.ending is not None:
-                    self.look()
+    def io(self) -> Busy:
+        """Tether's own I/O (or a step body) on this execution's behalf, as a context
+        manager: it is busy, and tasks created meanwhile are not workflow tasks."""
+        return Busy(self)
+
+    def settled(self) -> Awaitable[None]:
+        """Until nothing is busy."""
+        future = asyncio.get_running_loop().create_future()
+        if self.busy == 0:
+            future.set_result(None)
+        else:
+            self.idle.append(future)
+        return future
+
+    def _idle(self) -> None:
+        for future in self.idle:
+            if not future.done():
+                future.set_result(None)
+        self.idle.clear()
+        if self.ending is not None and not self.delivered:
+            self.deliver()
+        elif self.parks or self.ending is not None:
+            self.look()
 
     async def write(self, checkpoint: Checkpoint) -> None:
         """Write a checkpoint durably (with any recorded helpers queued before it)."""
-        if isinstance(self.ending, Abandon):
+        if self.ending is not None and isinstance(self.ending, Abandon):
             raise self.ending
-        store = self.engine.store
+        store, clock = self.engine.store, self.engine.clock
         pending = self.pending
         self.pending = []
 
-        async def call() -> None:
-            now = self.engine.clock.now()
-            if pending:
-                await asyncio.gather(*(store.write_checkpoint(self.lease, c, now) for c in pending))
+        async def flush_and_write() -> None:
+            now = clock.now()
+            await asyncio.gather(*(store.write_checkpoint(self.lease, c, now) for c in pending))
             await store.write_checkpoint(self.lease, checkpoint, now)
+
+        def call() -> Awaitable[None]:
+            if pending:
+                return flush_and_write()
+            return store.write_checkpoint(self.lease, checkpoint, clock.now())
 
         async def read_back() -> object:
             history = {c.at: c for c in await store.load_history(self.run_id)}
@@ -301,7 +343,8 @@ class RunContext:
         await self.durable(call, read_back)
         for done in pending:
             self.history[done.at] = done
-        self.recorded(checkpoint)
+        self.history[checkpoint.position or checkpoint.at] = checkpoint
+        self.writes += 1
 
     async def take_event(self, keys: Sequence[str], done: Checkpoint, now: float) -> str | None:
         """Consume the oldest event for `keys` into the checkpoint `done` (see Store)."""
@@ -332,15 +375,25 @@ class RunContext:
         database for good abandons the run. A new one waits for the history to replay (and
         meets the execution's end); one inside Tether's I/O (an attempt recording how it
         ended) goes on."""
-        if not _QUIET.get():
+        frame = _FRAME.get()  # inside Tether's I/O already (busy): an attempt's record
+        inside = frame is not None and frame.quiet > 0
+        if not inside and (self.ending is not None or self.unrequested or self.replay_only):
             await self.at_frontier()
-        if isinstance(self.ending, Abandon):
+        if self.ending is not None and isinstance(self.ending, Abandon):
             raise self.ending
-        with self.io():
-            try:
-                return await retry_store(self.engine, call, read_back)
-            except (LeaseLost, StoreUnavailable) as exc:
-                raise self.abandon(exc) from None
+        try:
+            if inside:
+                try:
+                    return await call()
+                except StoreUnavailable as exc:  # the hot path pays only for the call
+                    return await retry_store(self.engine, call, read_back, failed=exc)
+            with Busy(self):
+                try:
+                    return await call()
+                except StoreUnavailable as exc:
+                    return await retry_store(self.engine, call, read_back, failed=exc)
+        except (LeaseLost, StoreUnavailable) as exc:
+            raise self.abandon(exc) from None
 
     def decode(self, recorded: Checkpoint | str, load: Callable[[], T]) -> T:
         """`load()`: the value of a recorded checkpoint (or of what `recorded` names) decoded.
@@ -443,24 +496,43 @@ class RunContext:
     async def close(self) -> None:
         """The workflow's code returned or raised: let in-flight writes settle when the
         execution ends to be replayed, then cancel its remaining tasks and wait for them."""
-        if isinstance(self.ending, ReplayNow):
-            await self.settled.wait()
+        if isinstance(self.ending, ReplayNow) and self.busy:
+            await self.settled()
         self.executing = False
         if self.checking is not None:
             self.checking.cancel()
             self.checking = None
-        leftover = [t for t in self.tasks if not t.done()]
-        for task in leftover:
-            task.cancel()
-        if leftover:
+        if self.tasks:
+            leftover = [t for t in self.tasks if not t.done()]
+            for task in leftover:
+                task.cancel()
             await asyncio.gather(*leftover, return_exceptions=True)
-        await self.settled.wait()
+        if self.busy:
+            await self.settled()
 
 
-def _differ(recorded: str | None, asked: str | None) -> bool:
-    """Whether two argument digests differ; an unknown one (not recorded, or arguments that
-    are not JSON) is not compared."""
-    return recorded is not None and asked is not None and recorded != asked
+class Busy:
+    """RunContext.io(): counts the execution busy, and marks Tether's own I/O in the current
+    workflow task (the task factory places no task created meanwhile)."""
+
+    __slots__ = ("ctx", "frame")
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def __enter__(self) -> None:
+        self.ctx.busy += 1
+        frame = self.frame = _FRAME.get()
+        if frame is not None:
+            frame.quiet += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if self.frame is not None:
+            self.frame.quiet -= 1
+        ctx = self.ctx
+        ctx.busy -= 1
+        if ctx.busy == 0 and (ctx.idle or ctx.parks or ctx.ending is not None):
+            ctx._idle()
 
 
 def _shown(args: str | None) -> str:
@@ -473,19 +545,26 @@ def _shown(args: str | None) -> str:
 
 
 async def retry_store(
-    engine: Engine, call: Callable[[], Awaitable[T]], read_back: Callable[[], Awaitable[object]]
+    engine: Engine,
+    call: Callable[[], Awaitable[T]],
+    read_back: Callable[[], Awaitable[object]],
+    *,
+    failed: StoreUnavailable | None = None,
 ) -> T:
     """Run a store write; while the database is unreachable, try again with backoff (for up to
     settings.store_outage seconds). A write whose acknowledgement was lost is resolved by
     reading it back, never by writing twice: `read_back` returns the outcome if the write
-    happened, MISSING if not."""
+    happened, MISSING if not. `failed`: the first try was made already, and failed so."""
     loop = asyncio.get_running_loop()
     give_up = loop.time() + engine.settings.store_outage
     delay = 0.05
     while True:
         try:
+            if failed is not None:
+                raise failed
             return await call()
         except StoreUnavailable as exc:
+            failed = None
             if loop.time() >= give_up:
                 raise
             log.warning("the database is unreachable (%s); retrying in %.2fs", exc, delay)
@@ -499,4 +578,4 @@ async def retry_store(
             return found  # type: ignore[return-value]
 
 
-__all__ = ["MISSING", "RunContext", "Slot", "arguments", "retry_store"]
+__all__ = ["MISSING", "Busy", "RunContext", "Slot", "arguments", "retry_store"]

@@ -41,7 +41,10 @@ class Keepalive:
         await asyncio.to_thread(self._thread.join, 10.0)
 
     def _run(self) -> None:
-        asyncio.run(self._main())
+        # Its first heartbeat is due a third of a lease on: only then are its loop and its
+        # database handle made, so a short-lived worker (a test, a command) pays nothing.
+        if not self._stop.wait(self.worker.lease_duration / 3):
+            asyncio.run(self._main())
 
     async def _main(self) -> None:
         engine = self.worker.engine
@@ -53,8 +56,10 @@ class Keepalive:
             return
         try:
             # Blocking between heartbeats is fine: this loop has nothing else to do.
-            while not self._stop.wait(self.worker.lease_duration / 3):
+            while True:
                 await self._beat(engine.settings.max_loop_stall)
+                if self._stop.wait(self.worker.lease_duration / 3):
+                    break
         finally:
             await self.store.close()
 

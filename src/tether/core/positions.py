@@ -21,15 +21,14 @@ if TYPE_CHECKING:
     from tether.core.execution import RunContext
 
 # The workflow task the code runs in (None outside workflow tasks, and in tasks Tether did not
-# place), and whether Tether's own I/O runs now (tasks it creates are not the workflow's).
+# place).
 _FRAME: contextvars.ContextVar[Frame | None] = contextvars.ContextVar("tether_frame", default=None)
-_QUIET: contextvars.ContextVar[bool] = contextvars.ContextVar("tether_quiet", default=False)
 
 
 class Frame:
     """One workflow task of one execution: its path, and what it has asked for so far."""
 
-    __slots__ = ("children", "counts", "ctx", "label", "next", "path", "prefix", "task")
+    __slots__ = ("children", "counts", "ctx", "label", "next", "path", "prefix", "quiet", "task")
 
     def __init__(self, ctx: RunContext, path: tuple[int, ...], task: asyncio.Task[Any] | None):
         self.ctx = ctx
@@ -38,6 +37,9 @@ class Frame:
         self.next = 0  # the sequence of its next checkpoint
         self.children = 0  # tasks it created so far
         self.counts: dict[str, int] = {}  # checkpoints asked for, by base name
+        # > 0 while Tether's own I/O runs in this task: the tasks it creates are not workflow
+        # tasks (a database driver's), so they take no place.
+        self.quiet = 0
         self.prefix = "".join(f"{i}/" for i in path)
         self.label = "" if not path else "@" + ".".join(map(str, path))
 
@@ -97,6 +99,9 @@ class _Factory(Protocol):
     ) -> asyncio.Future[Any]: ...
 
 
+_Task = asyncio.Task
+
+
 class Placer:
     """The loop's task factory while runs execute on it: places the tasks workflow code
     creates, and hands every task to the factory that was there before (or makes a plain
@@ -112,18 +117,19 @@ class Placer:
         **kwargs: Any,
     ) -> asyncio.Future[Any]:
         parent = _FRAME.get()
-        child = None
-        if parent is not None:
-            if not _QUIET.get() and parent.ctx.places(parent):
-                child = parent.spawn()
-            context = kwargs.get("context")
-            if context is None:
-                context = kwargs["context"] = contextvars.copy_context()
-            context.run(_FRAME.set, child)
+        if parent is None:  # not from workflow code (most tasks): as fast as can be
+            if self.previous is None:
+                return _Task(coro, loop=loop, **kwargs)
+            return self.previous(loop, coro, **kwargs)
+        child = parent.spawn() if not parent.quiet and parent.ctx.places(parent) else None
+        context = kwargs.get("context")
+        if context is None:
+            context = kwargs["context"] = contextvars.copy_context()
+        context.run(_FRAME.set, child)
         if self.previous is not None:
             task = self.previous(loop, coro, **kwargs)
         else:
-            task = asyncio.Task(coro, loop=loop, **kwargs)
+            task = _Task(coro, loop=loop, **kwargs)
         if child is not None:
             assert isinstance(task, asyncio.Task)
             child.task = task

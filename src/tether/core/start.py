@@ -111,8 +111,7 @@ async def _start(
     kwargs: dict[str, Any],
     given_id: str | None,
 ) -> ChildHandle[R]:
-    digest, text = arguments(args, kwargs)
-    slot = ctx.slot(f"child:{wf.name}", "child", digest=digest, args=text)
+    slot = ctx.slot(f"child:{wf.name}", "child", arguments(args, kwargs))
     recorded = slot.recorded
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
         child_id = ctx.decode(recorded, lambda: str(json.loads(recorded.result or '""')))

@@ -22,8 +22,8 @@ from datetime import timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from tether.core.context import _RUN, _STEP, StepContext
-from tether.core.doubt import NOT_DONE, Bounded, in_doubt, reconcile, settle_marker
-from tether.core.execution import RunContext, Slot, arguments
+from tether.core.doubt import NOT_DONE, Bounded, in_doubt, marker, reconcile, settle_marker
+from tether.core.execution import Busy, RunContext, Slot, arguments
 from tether.core.observe import StepOutcome
 from tether.core.retry import Retry
 from tether.core.suspension import park
@@ -114,8 +114,9 @@ class Step(Generic[P, R]):
             # Outside a run, or nested inside another step: an ordinary call, not a checkpoint.
             return self._plain(args, kwargs)
         # The slot is taken at call time, so concurrent calls keep their source order.
-        digest, text = arguments(args, kwargs)
-        slot = ctx.slot(self.name, "step", digest=digest, args=text)
+        slot = ctx.slot(self.name, "step", arguments(args, kwargs))
+        if slot.recorded is None:  # new: straight to its attempts
+            return _attempts(self, ctx, slot, 0, args, kwargs)
         return _execute(self, ctx, slot, args, kwargs)
 
     async def _plain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> R:
@@ -136,18 +137,14 @@ async def _execute(
 ) -> Any:
     """A step call at `slot`: its recorded outcome, or its attempts. With `commit`, each
     attempt is that function (which runs the body and writes its completion together)."""
-    what = f"result of step {slot.name!r}"
     attempts = 0
     recorded = slot.recorded
     if recorded is not None:
-        found = await _from_history(step, ctx, slot, args, kwargs, what)
+        found = await _from_history(step, ctx, slot, args, kwargs, f"result of step {slot.name!r}")
         if found is not NOT_DONE:
             return found
         attempts = recorded.attempts
-    await ctx.at_frontier()  # nothing new before the whole history replayed
-    if ctx.pending:
-        await ctx.flush()
-    return await _attempts(step, ctx, slot, attempts, args, kwargs, what, commit)
+    return await _attempts(step, ctx, slot, attempts, args, kwargs, commit)
 
 
 async def _attempts(
@@ -157,49 +154,69 @@ async def _attempts(
     attempts: int,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    what: str,
     commit: Commit | None = None,
 ) -> Any:
     """Attempts of the step's body after the `attempts` made before, each recorded, until one
     completes (its value returned), or one fails for good (raised)."""
+    if ctx.ending is not None or ctx.unrequested or ctx.replay_only or ctx.pending:
+        await ctx.before_effect()  # nothing new before the whole history replayed
     clock, serde = ctx.engine.clock, ctx.engine.serde
+    what = f"result of step {slot.name!r}"
+    forced = ctx.engine.settings.force_replay
     while True:
         attempts += 1
         if ctx.ending is not None:  # no new attempt once the execution ends
             await ctx.meet_end()
         # This attempt's checkpoint, in whichever status it ends, and who watches it.
-        outcome = functools.partial(slot.checkpoint, attempts=attempts, started_at=clock.now())
-        watch = _Watch(ctx, step, slot.name, attempts)
+        watch = _Watch(ctx, step, slot.name, attempts) if ctx.engine.observer else _UNWATCHED
+        started = clock.now()
         try:
             if step.at_most_once:
                 # The marker: the attempt is over for certain at retry_at (see doubt.py).
                 assert step.timeout is not None
-                await ctx.write(outcome(status=CheckpointStatus.STARTED,
-                                        retry_at=watch.started + step.timeout))  # fmt: skip
+                await ctx.write(slot.checkpoint(
+                    CheckpointStatus.STARTED, attempts=attempts, started_at=started,
+                    retry_at=started + step.timeout,
+                    result=marker(ctx.lease.worker_id, ctx.lease.epoch),
+                ))  # fmt: skip
             step_ctx = StepContext(run_id=ctx.run_id, name=slot.name, attempt=attempts)
             # Busy from the body to the record of how it ended: an execution that ends
             # meanwhile (forced replay) lets the attempt finish and record first.
             verdict: _Verdict | None
-            with ctx.io():
+            done: Checkpoint | None = None
+            with Busy(ctx):
                 try:
-                    value, text, done = await _body(step, step_ctx, outcome, (args, kwargs, serde),
-                                                    what, commit)  # fmt: skip
+                    if commit is None:
+                        assert isinstance(step, Step)
+                        value, text = await _attempt(step, step_ctx, args, kwargs, serde, what)
+                    else:  # a transaction step: the body and its checkpoint commit together
+                        outcome = functools.partial(slot.checkpoint, attempts=attempts,
+                                                    started_at=started)  # fmt: skip
+                        value, done = await commit(step_ctx, outcome)
                 except Exception as exc:
-                    verdict = await _failed(step, ctx, slot, outcome, watch, exc, args, kwargs)
+                    verdict = await _failed(step, ctx, slot, (attempts, started), watch, exc,
+                                            args, kwargs)  # fmt: skip
                 else:
                     verdict = None
-                    done = await _completed(ctx, outcome, text, clock.now(), done)
+                    if done is None:
+                        done = slot.checkpoint(CheckpointStatus.COMPLETED, result=text,
+                                               attempts=attempts, started_at=started,
+                                               finished_at=clock.now())  # fmt: skip
+                        await ctx.write(done)
         except BaseException as exc:
             watch.ended(StepOutcome.INTERRUPTED, exc)  # cancelled, or the run was abandoned
             raise
         if verdict is None:
             assert done is not None
-            watch.ended(StepOutcome.COMPLETED, None)
-            await _replay_if_forced(ctx)
+            if watch is not _UNWATCHED:
+                watch.ended(StepOutcome.COMPLETED, None)
+            if forced:
+                await ctx.replay_now()
             return _returned(step, ctx, done, value, what)
         if verdict.found is not NOT_DONE:
             return verdict.found
-        await _replay_if_forced(ctx)
+        if forced:
+            await ctx.replay_now()
         if verdict.retry_at is None:
             assert verdict.error is not None
             raise verdict.error
@@ -213,7 +230,7 @@ class _Watch:
         self.clock = ctx.engine.clock
         self.started = self.clock.now()
         self.observer = ctx.engine.observer
-        self.told = self.observer is None
+        self.told = False
         if self.observer is not None:
             self.token = self.observer.step_started(ctx.run_id, ctx.workflow, step.name, name,
                                                     attempt)  # fmt: skip
@@ -222,6 +239,16 @@ class _Watch:
         if not self.told and self.observer is not None:
             self.told = True
             self.observer.step_ended(self.token, how, self.clock.now() - self.started, error)
+
+
+class _Unwatched:
+    """The watch of an attempt nothing observes."""
+
+    def ended(self, how: StepOutcome, error: BaseException | None) -> None:
+        pass
+
+
+_UNWATCHED = _Unwatched()
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,16 +265,18 @@ async def _failed(
     step: Attempted,
     ctx: RunContext,
     slot: Slot,
-    outcome: Callable[..., Checkpoint],
-    watch: _Watch,
+    attempt: tuple[int, float],
+    watch: _Watch | _Unwatched,
     exc: Exception,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> _Verdict:
-    """An attempt raised `exc`: an at-most-once attempt in doubt is reconciled (the hook's
-    result, recorded); else the retry (recorded RETRYING) or the failure (recorded FAILED)."""
+    """Attempt (its number, when it started) raised `exc`: an at-most-once attempt in doubt
+    is reconciled (the hook's result, recorded); else the retry (recorded RETRYING) or the
+    failure (recorded FAILED)."""
     clock = ctx.engine.clock
-    attempts = outcome(status=CheckpointStatus.STARTED).attempts
+    attempts, started = attempt
+    outcome = functools.partial(slot.checkpoint, attempts=attempts, started_at=started)
     error = _attempt_error(step, slot.name, attempts, exc)
     if step.at_most_once and in_doubt(step, error):
         # Its effect may have happened: never retried blindly; the hook says.
@@ -269,42 +298,6 @@ async def _failed(
     if error is not exc:
         error.__cause__ = exc
     return _Verdict(error=error)
-
-
-async def _body(
-    step: Attempted,
-    step_ctx: StepContext,
-    outcome: Callable[..., Checkpoint],
-    call: tuple[tuple[Any, ...], dict[str, Any], Serde],
-    what: str,
-    commit: Commit | None,
-) -> tuple[Any, str, Checkpoint | None]:
-    """One attempt's body: (its value, the value's JSON, the completed checkpoint when the
-    attempt wrote it with the body (`commit`), else None: it is written after). `call` holds
-    the step's arguments and the serializer."""
-    if commit is None:
-        assert isinstance(step, Step)
-        args, kwargs, serde = call
-        value, text = await _attempt(step, step_ctx, args, kwargs, serde, what)
-        return value, text, None
-    value, done = await commit(step_ctx, outcome)
-    return value, done.result or "null", done
-
-
-async def _completed(
-    ctx: RunContext,
-    outcome: Callable[..., Checkpoint],
-    text: str,
-    finished: float,
-    written: Checkpoint | None,
-) -> Checkpoint:
-    """The attempt's completed checkpoint: written now, unless the attempt wrote it with its
-    body (a transaction step)."""
-    if written is not None:
-        return written
-    done = outcome(status=CheckpointStatus.COMPLETED, result=text, finished_at=finished)
-    await ctx.write(done)
-    return done
 
 
 _SCALARS = frozenset({int, float, str, bool, type(None)})
@@ -373,11 +366,6 @@ def _error(exc: BaseException) -> str:
     return json.dumps(encode_error(exc))
 
 
-async def _replay_if_forced(ctx: RunContext) -> None:
-    if ctx.engine.settings.force_replay:
-        await ctx.replay_now()
-
-
 async def _attempt(
     step: Step[..., Any],
     step_ctx: StepContext,
@@ -389,12 +377,20 @@ async def _attempt(
     """One attempt: the body, its result's JSON, then what the attempt attached settles (its
     finalizers, told how it ended), all before the attempt's checkpoint is written."""
     try:
-        value = await _run_body(step, step_ctx, args, kwargs)
+        if step.is_async and step.timeout is None:  # the common case, without a frame more
+            token = _STEP.set(step_ctx)
+            try:
+                value = await step.fn(*args, **kwargs)
+            finally:
+                _STEP.reset(token)
+        else:
+            value = await _run_body(step, step_ctx, args, kwargs)
         text = serde.dumps(value, what=what)
     except BaseException as exc:
         await step_ctx.finish(exc)
         raise
-    await step_ctx.finish(None)
+    if step_ctx.finalizers:
+        await step_ctx.finish(None)
     return value, text
 
 

@@ -106,8 +106,7 @@ class Transaction(Generic[C, P, R]):
                 f"without the connection); to try its body alone, call "
                 f"{self.__name__}.fn(connection, ...)"
             )
-        digest, text = arguments(args, kwargs)
-        slot = ctx.slot(self.name, KIND, digest=digest, args=text)
+        slot = ctx.slot(self.name, KIND, arguments(args, kwargs))
         commit = functools.partial(_commit, self, ctx, slot, args, kwargs)
         return _execute(self, ctx, slot, args, kwargs, commit=commit)
 

@@ -112,7 +112,7 @@ class Worker:
         give_up = loop.time() + grace
         await asyncio.wait(threads.values(), timeout=grace)
         runs = {run_id for run_id, _ in threads}
-        settling = [asyncio.ensure_future(r.ctx.settled.wait())
+        settling = [asyncio.ensure_future(r.ctx.settled())
                     for run_id, r in self.runners.items()
                     if run_id in runs and r.ctx is not None]  # fmt: skip
         if settling:

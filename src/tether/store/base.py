@@ -123,10 +123,9 @@ class Checkpoint:
     # Its identity, the same on every execution (see POSITIONS); "" reads as str(seq), the
     # position of checkpoints recorded before positions, all in the workflow's own task.
     position: str = ""
-    digest: str | None = None  # of a step's (a child start's) arguments, compared on replay
-    args: str | None = None  # those arguments' canonical JSON, when short (for messages)
-    owner: str | None = None  # the worker whose lease wrote it (set by the store)
-    epoch: int | None = None  # and that lease's epoch
+    # A step's (a child start's) arguments, compared on replay: their canonical JSON, or
+    # {"$digest": its sha256} when long; None where not recorded (an older row, not JSON).
+    args: str | None = None
 
     @property
     def at(self) -> str:
@@ -289,13 +288,12 @@ class Store(Protocol):
         """The earliest future time at which a run of these workflows becomes claimable."""
 
     async def load_history(self, run_id: str) -> list[Checkpoint]:
-        """The run's checkpoints, ordered by seq, each with its position, digest, arguments
-        and the owner and epoch of the lease that wrote it."""
+        """The run's checkpoints, ordered by seq, each with its position and arguments."""
 
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
-        """Insert or replace the checkpoint at (run, seq), stamped with the lease's worker and
-        epoch (`owner`, `epoch`); the run row is left as it is (this is the hot path: one row).
-        Raises LeaseLost if the lease is not held. Durable when this returns."""
+        """Insert or replace the checkpoint at (run, seq); the run row is left as it is (this
+        is the hot path: one row). Raises LeaseLost if the lease is not held. Durable when this
+        returns."""
 
     async def suspend_run(
         self, lease: Lease, wake_at: float | None, now: float, wake_on: Sequence[str] = ()

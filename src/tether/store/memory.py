@@ -345,7 +345,7 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
                     key = str(event[2])
                     result = f'{{"key":{json.dumps(key)},"value":{event[3]}}}'
                     self._history.setdefault(run.id, {})[checkpoint.seq] = replace(
-                        _stamped(checkpoint, lease), result=result
+                        _stamped(checkpoint), result=result
                     )
                     return result
             return None
@@ -386,7 +386,7 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
         with self._lock:
             run = self._fenced(lease)
-            self._history.setdefault(run.id, {})[checkpoint.seq] = _stamped(checkpoint, lease)
+            self._history.setdefault(run.id, {})[checkpoint.seq] = _stamped(checkpoint)
 
     async def suspend_run(
         self, lease: Lease, wake_at: float | None, now: float, wake_on: Sequence[str] = ()
@@ -588,9 +588,9 @@ class MemoryStore(MemoryStreams, MemoryOutbox, MemorySchedules, MemoryValues, Me
 _DUE_AT = (RunStatus.PENDING, RunStatus.WAITING, RunStatus.HELD)  # claimable from wake_at on
 
 
-def _stamped(checkpoint: Checkpoint, lease: Lease) -> Checkpoint:
-    """The checkpoint as the store keeps it: with its position, under the lease that wrote it."""
-    return replace(checkpoint, position=checkpoint.at, owner=lease.worker_id, epoch=lease.epoch)
+def _stamped(checkpoint: Checkpoint) -> Checkpoint:
+    """The checkpoint as the store keeps it: with its position."""
+    return checkpoint if checkpoint.position else replace(checkpoint, position=checkpoint.at)
 
 
 def _due_since(run: RunRecord) -> float | None:

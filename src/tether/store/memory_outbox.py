@@ -82,7 +82,6 @@ class MemoryOutbox:
             finished = outcome.finished_at
             self._history.setdefault(lease.run_id, {})[checkpoint.seq] = replace(
                 checkpoint, result=outcome.result, position=checkpoint.at,
-                owner=lease.worker_id, epoch=lease.epoch,
                 finished_at=checkpoint.finished_at if finished is None else finished,
             )  # fmt: skip
             conn.execute("COMMIT")

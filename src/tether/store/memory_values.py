@@ -51,8 +51,6 @@ class MemoryValues:
                 checkpoint,
                 result=result,
                 position=checkpoint.at,
-                owner=lease.worker_id,
-                epoch=lease.epoch,
             )
             return version
 

@@ -85,7 +85,7 @@ class PostgresValues:
             created = (await c.execute(_Q["fork_insert_run"], insert)).rowcount == 1
             if created:
                 if checkpoints:
-                    rows = [checkpoint_params(run.id, cp, cp.result, cp.owner, cp.epoch)
+                    rows = [checkpoint_params(run.id, cp, cp.result, None, None)
                             for cp in checkpoints]  # fmt: skip
                     async with c.cursor() as cur:
                         await cur.executemany(_Q["put_checkpoint"], rows)

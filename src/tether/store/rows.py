@@ -20,12 +20,12 @@ from tether.store.stream_rows import StreamEntry, StreamKind
 # a position NULL is that of a row recorded before positions: its seq.
 CHECKPOINT_COLUMNS = (
     "seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,"
-    " coalesce(position, CAST(seq AS TEXT)), digest, args, owner, epoch"
+    " coalesce(position, CAST(seq AS TEXT)), args"
 )
-# The parameters of a checkpoint's upsert, in the order of its positional form (?1..?16).
+# The parameters of a checkpoint's upsert, in the order of its positional form (?1..?15).
 CHECKPOINT_PARAMS = (
     "run_id", "seq", "name", "kind", "status", "result", "error", "attempts", "started_at",
-    "finished_at", "retry_at", "worker", "epoch", "position", "digest", "args",
+    "finished_at", "retry_at", "worker", "epoch", "position", "args",
 )  # fmt: skip
 
 RUN_COLUMNS = (
@@ -99,7 +99,7 @@ def checkpoint_from_row(row: Sequence[Any]) -> Checkpoint:
     return Checkpoint(
         seq=row[0], name=row[1], kind=row[2], status=CheckpointStatus(row[3]), result=row[4],
         error=row[5], attempts=row[6], started_at=row[7], finished_at=row[8], retry_at=row[9],
-        position=row[10], digest=row[11], args=row[12], owner=row[13], epoch=row[14],
+        position=row[10], args=row[11],
     )  # fmt: skip
 
 
@@ -107,10 +107,9 @@ def checkpoint_values(
     run_id: str, cp: Checkpoint, result: str | None, owner: str | None, epoch: int | None
 ) -> tuple[Any, ...]:
     """The values of a checkpoint's upsert in CHECKPOINT_PARAMS order, `result` in place of
-    the checkpoint's own (a store fills it in) and written under (owner, epoch)."""
+    the checkpoint's own (a store fills it in), fenced by (owner, epoch)."""
     return (run_id, cp.seq, cp.name, cp.kind, cp.status.value, result, cp.error, cp.attempts,
-            cp.started_at, cp.finished_at, cp.retry_at, owner, epoch, cp.at, cp.digest,
-            cp.args)  # fmt: skip
+            cp.started_at, cp.finished_at, cp.retry_at, owner, epoch, cp.at, cp.args)  # fmt: skip
 
 
 def checkpoint_params(

@@ -91,7 +91,7 @@ class SqliteValues:
         def op(c: sqlite3.Connection) -> tuple[RunRecord, bool]:
             created = c.execute(_Q["fork_insert_run"], insert).rowcount == 1
             if created:
-                rows = [checkpoint_params(run.id, cp, cp.result, cp.owner, cp.epoch)
+                rows = [checkpoint_params(run.id, cp, cp.result, None, None)
                         for cp in checkpoints]  # fmt: skip
                 c.executemany(_Q["put_checkpoint"], rows)
                 c.execute(_Q["fork_values"], copy)

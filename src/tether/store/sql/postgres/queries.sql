@@ -94,18 +94,16 @@ SELECT {checkpoint_columns} FROM tether_checkpoints WHERE run_id = %(run_id)s OR
 -- name: upsert_checkpoint
 INSERT INTO tether_checkpoints
     (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,
-     owner, epoch, position, digest, args)
+     position, args)
 SELECT %(run_id)s, %(seq)s, %(name)s, %(kind)s, %(status)s, %(result)s, %(error)s, %(attempts)s,
-       %(started_at)s, %(finished_at)s, %(retry_at)s, %(worker)s, %(epoch)s, %(position)s,
-       %(digest)s, %(args)s
+       %(started_at)s, %(finished_at)s, %(retry_at)s, %(position)s, %(args)s
 WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = %(run_id)s AND status = 'running'
                                          AND owner = %(worker)s AND epoch = %(epoch)s)
 ON CONFLICT (run_id, seq) DO UPDATE SET
     name = excluded.name, kind = excluded.kind, status = excluded.status,
     result = excluded.result, error = excluded.error, attempts = excluded.attempts,
     started_at = excluded.started_at, finished_at = excluded.finished_at,
-    retry_at = excluded.retry_at, owner = excluded.owner, epoch = excluded.epoch,
-    position = excluded.position, digest = excluded.digest, args = excluded.args;
+    retry_at = excluded.retry_at, position = excluded.position, args = excluded.args;
 
 -- name: suspend_run
 UPDATE tether_runs

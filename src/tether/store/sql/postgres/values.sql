@@ -20,16 +20,14 @@ VALUES (%(run_id)s, %(key)s, %(version)s, %(value)s, %(seq)s, %(now)s);
 -- the history of the run it has just created.
 INSERT INTO tether_checkpoints
     (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,
-     owner, epoch, position, digest, args)
+     position, args)
 VALUES (%(run_id)s, %(seq)s, %(name)s, %(kind)s, %(status)s, %(result)s, %(error)s,
-        %(attempts)s, %(started_at)s, %(finished_at)s, %(retry_at)s, %(worker)s, %(epoch)s,
-        %(position)s, %(digest)s, %(args)s)
+        %(attempts)s, %(started_at)s, %(finished_at)s, %(retry_at)s, %(position)s, %(args)s)
 ON CONFLICT (run_id, seq) DO UPDATE SET
     name = excluded.name, kind = excluded.kind, status = excluded.status,
     result = excluded.result, error = excluded.error, attempts = excluded.attempts,
     started_at = excluded.started_at, finished_at = excluded.finished_at,
-    retry_at = excluded.retry_at, owner = excluded.owner, epoch = excluded.epoch,
-    position = excluded.position, digest = excluded.digest, args = excluded.args;
+    retry_at = excluded.retry_at, position = excluded.position, args = excluded.args;
 
 -- name: latest_value
 SELECT run_id, key, version, value, seq, created_at FROM tether_values

@@ -1,5 +1,5 @@
--- Tether schema v12 for SQLite: structured positions, argument digests, who wrote a checkpoint,
--- held runs, and where a worker process really lives.
+-- Tether schema v12 for SQLite: structured positions and arguments of checkpoints, held runs,
+-- and where a worker process really lives.
 
 -- A checkpoint's identity is its position: the path of the workflow task that asked for it
 -- (from the root task, the index of each task its parent created), then its sequence within
@@ -8,13 +8,9 @@
 -- reads as their seq (load_history), so old rows need no rewrite. `seq` stays the row's key
 -- and the order in which checkpoints were first recorded.
 ALTER TABLE tether_checkpoints ADD COLUMN position TEXT;
--- A step's (and a child start's) arguments: the digest replay compares, and their canonical
--- JSON when it is short, to show what differed.
-ALTER TABLE tether_checkpoints ADD COLUMN digest TEXT;
+-- A step's (a child start's) arguments as replay compares them: their canonical JSON, or for
+-- long ones {"$digest": sha256 of it}. NULL: not recorded (an older row, or not JSON).
 ALTER TABLE tether_checkpoints ADD COLUMN args TEXT;
--- The lease the checkpoint was written under: an at-most-once marker's owner and epoch.
-ALTER TABLE tether_checkpoints ADD COLUMN owner TEXT;
-ALTER TABLE tether_checkpoints ADD COLUMN epoch INTEGER;
 
 -- Status 'held': replay diverged from the history; the run waits, unfinished, for code that
 -- replays it. It keeps its dedup key like every unfinished run.

@@ -88,11 +88,11 @@ SELECT {checkpoint_columns} FROM tether_checkpoints WHERE run_id = :run_id ORDER
 
 -- name: upsert_checkpoint
 -- The hot path: fenced in the same statement (no row unless the lease is held), and bound by
--- position (?1..?16, rows.CHECKPOINT_PARAMS), which SQLite binds markedly faster than names.
+-- position (?1..?15, rows.CHECKPOINT_PARAMS), which SQLite binds markedly faster than names.
 INSERT OR REPLACE INTO tether_checkpoints
     (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,
-     owner, epoch, position, digest, args)
-SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16
+     position, args)
+SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?14, ?15
 WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = ?1 AND status = 'running'
                                          AND owner = ?12 AND epoch = ?13);
 

@@ -16,9 +16,9 @@ VALUES (:run_id, :key, :version, :value, :seq, :now);
 -- the history of the run it has just created.
 INSERT OR REPLACE INTO tether_checkpoints
     (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,
-     owner, epoch, position, digest, args)
+     position, args)
 VALUES (:run_id, :seq, :name, :kind, :status, :result, :error, :attempts, :started_at,
-        :finished_at, :retry_at, :worker, :epoch, :position, :digest, :args);
+        :finished_at, :retry_at, :position, :args);
 
 -- name: latest_value
 SELECT run_id, key, version, value, seq, created_at FROM tether_values
