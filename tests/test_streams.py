@@ -511,3 +511,32 @@ def test_the_blocking_twin_reads_a_stream(tmp_path: object) -> None:
         first = s.read_stream("sync", "out")
         assert next(first) == (0, 0)
         first.close()  # stopping early closes the reader on the portal's loop
+
+
+async def test_a_workflow_write_records_helpers_first_so_a_chunk_never_shows_an_unrecorded_uuid(
+    make_app: MakeApp,
+) -> None:
+    app = make_app()
+    seen_at_append: list[list[str]] = []  # the history's names when each chunk is appended
+    store = app.engine.store
+    real_append = store.append_stream
+
+    async def append(lease: Any, key: str, entries: Any, now: float) -> list[int]:
+        history = await store.load_history(lease.run_id)
+        seen_at_append.append([c.name for c in history])
+        return await real_append(lease, key, entries, now)
+
+    store.append_stream = append  # type: ignore[method-assign]
+
+    @app.workflow()
+    async def tagged() -> str:
+        token = tether.uuid4()  # a recorded helper, queued until the next write
+        await tether.stream("out").write(str(token))
+        return str(token)
+
+    async with app:
+        token = await (await app.start(tagged, id="tag")).result(timeout=10)
+        [[offset, chunk]] = [e async for e in app.read_stream("tag", "out")]
+    assert (offset, chunk) == (0, token)
+    assert seen_at_append
+    assert all("uuid4" in names for names in seen_at_append)
