@@ -397,18 +397,28 @@ class PostgresStore(
     async def suspend_run(
         self, lease: Lease, wake_at: float | None, now: float, wake_on: Sequence[str] = ()
     ) -> None:
-        args = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch,
-                "wake_at": wake_at, "now": now, "wake_on": json.dumps(list(wake_on)),
-                "wake_on_keys": list(wake_on)}  # fmt: skip
+        # Locked first, so an event delivered meanwhile is seen by the UPDATE (see lock_run).
+        op = self._fenced(
+            lease, "suspend_run", lock=True, wake_at=wake_at, now=now,
+            wake_on=json.dumps(list(wake_on)), wake_on_keys=list(wake_on),
+        )  # fmt: skip
+        await self._tx(op, write=True, label=f"suspend_run:{lease.run_id}")
+
+    def _fenced(
+        self, lease: Lease, query: str, *, lock: bool = False, **extra: Any
+    ) -> Callable[[Conn], Awaitable[None]]:
+        """The update `query` under `lease` (LeaseLost when it is not held), then a wake-up
+        for waiting workers; with `lock`, the run's row is locked first."""
+        args = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch, **extra}
 
         async def op(c: Conn) -> None:
-            # Locked first, so an event delivered meanwhile is seen by the UPDATE (see lock_run).
-            await c.execute(_Q["lock_run"], args)
-            if (await c.execute(_Q["suspend_run"], args)).rowcount != 1:
+            if lock:
+                await c.execute(_Q["lock_run"], args)
+            if (await c.execute(_Q[query], args)).rowcount != 1:
                 raise await _lease_lost(c, lease)
             await c.execute(f"NOTIFY {CHANNEL}")
 
-        await self._tx(op, write=True, label=f"suspend_run:{lease.run_id}")
+        return op
 
     async def finish_run(
         self,
@@ -453,27 +463,17 @@ class PostgresStore(
             await self._tx(self._finish(lease, RunStatus.DEAD, None, error, failures, now),
                            write=True, label=label)  # fmt: skip
             return
-        args = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch,
-                "error": error, "failures": failures, "retry_at": retry_at, "now": now}  # fmt: skip
-
-        async def op(c: Conn) -> None:
-            if (await c.execute(_Q["fail_execution"], args)).rowcount != 1:
-                raise await _lease_lost(c, lease)
-            await c.execute(f"NOTIFY {CHANNEL}")
-
+        op = self._fenced(
+            lease, "fail_execution", error=error, failures=failures, retry_at=retry_at, now=now
+        )
         await self._tx(op, write=True, label=label)
 
     async def hold_run(
         self, lease: Lease, error: str, failures: int, wake_at: float, now: float
     ) -> None:
-        args = {"run_id": lease.run_id, "worker": lease.worker_id, "epoch": lease.epoch,
-                "error": error, "failures": failures, "wake_at": wake_at, "now": now}  # fmt: skip
-
-        async def op(c: Conn) -> None:
-            if (await c.execute(_Q["hold_run"], args)).rowcount != 1:
-                raise await _lease_lost(c, lease)
-            await c.execute(f"NOTIFY {CHANNEL}")
-
+        op = self._fenced(
+            lease, "hold_run", error=error, failures=failures, wake_at=wake_at, now=now
+        )
         await self._tx(op, write=True, label=f"hold_run:{lease.run_id}")
 
     async def wake_held(self, workflows: Sequence[str], now: float) -> int:
