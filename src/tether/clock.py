@@ -43,6 +43,9 @@ class DatabaseClock:
     def __init__(self) -> None:
         self._offset = time.time() - time.monotonic()
         self.skew: float | None = None  # how far the local wall clock is ahead of the server's
+        # How far now() may be off the server's clock: half the last measurement's round trip
+        # (0 where the clock is the local one).
+        self.uncertainty = 0.0
 
     def now(self) -> float:
         return time.monotonic() + self._offset
@@ -56,10 +59,15 @@ class DatabaseClock:
         server = await read()
         after = time.monotonic()
         if server is None:
-            self._offset, self.skew = time.time() - after, None
+            self._offset, self.skew, self.uncertainty = time.time() - after, None, 0.0
             return
-        # The reading was taken somewhere in the round trip: its middle is the best guess.
-        self._offset = server - (before + after) / 2
+        # The reading was taken somewhere in the round trip: its middle is the best guess. A
+        # new guess within the measurement's error of the old one is noise: kept as it was,
+        # so that now() does not step back and forth.
+        offset, error = server - (before + after) / 2, (after - before) / 2
+        if abs(offset - self._offset) > error or self.skew is None:
+            self._offset = offset
+        self.uncertainty = error
         self.skew = time.time() - self.now()
 
 

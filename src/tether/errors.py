@@ -18,6 +18,7 @@ is the default message, and every message says what was wrong and what to do nex
     ├── StepTimeout                 a step attempt ran past its timeout
     ├── WorkflowTimeout             a run went past its workflow's timeout
     ├── StepOutcomeUnknown          an at-most-once step started but its outcome was never recorded
+    ├── StepInterrupted             an at-most-once attempt was cut short, and found not done
     ├── StepFailed                  a recorded step error whose original type cannot be rebuilt
     ├── LeaseLost                   this worker no longer owns the run it tried to write
     ├── StoreUnavailable            the database cannot be reached or written
@@ -126,6 +127,12 @@ class StepOutcomeUnknown(TetherError):
     automates this."""
 
 
+class StepInterrupted(TetherError):
+    """An at-most-once step attempt was cut short (its worker stopped, died or lost its lease)
+    and its reconcile hook found it not done: it counts as a failed attempt, and the step's
+    Retry decides whether another one runs."""
+
+
 class StepFailed(TetherError):
     """A step failed with an error whose type could not be rebuilt on replay."""
 
@@ -215,6 +222,7 @@ __all__ = [
     "RunNotFound",
     "SerializationError",
     "StepFailed",
+    "StepInterrupted",
     "StepOutcomeUnknown",
     "StepTimeout",
     "StoreUnavailable",

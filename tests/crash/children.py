@@ -36,7 +36,9 @@ def child_env(**extra: str) -> dict[str, str]:
         for k, v in os.environ.items()
         if not k.startswith(("TETHER_", "CRASH_", "PYTHONPATH", "PYTHONDONTWRITEBYTECODE"))
     }
-    env.update(PYTHONPATH=str(ROOT), PYTHONPYCACHEPREFIX=str(PYCACHE))
+    # The checkout's own source first: the children test this tree, whichever is installed.
+    env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+               PYTHONPYCACHEPREFIX=str(PYCACHE))  # fmt: skip
     env.update(extra)
     return env
 

@@ -12,13 +12,18 @@ The body of ROLE "first" signals SIDE_DIR/began-<pid> and then, by $STALL_AT:
     after    makes the effect, then sleeps 30 s
     block    is a sync body (a thread) that sleeps 4 s before the effect, while another run's
              async step blocks the event loop with time.sleep(6): the loop stalls past the lease
-Other roles make the effect at once. The workflow `long` runs a plain step for 5 s (two lease
+    stuck    the same, but the sync body sleeps 8 s and the loop stays blocked for 12 s, past
+             $MAX_LOOP_STALL (seconds): the worker is taken for stuck while its body runs
+Other roles make the effect at once. The workflow `again` runs a plain step (`flake`) whose first
+attempt fails and signals SIDE_DIR/failed-<pid>; its retry waits 1.5 s in the worker. The
+workflow `long` runs a plain step for 5 s (two lease
 periods, kept by heartbeats). $CLOCK_SKEW (seconds) moves this process's wall clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import signal
 import sys
@@ -33,6 +38,7 @@ if SKEW:  # a machine whose clock is off: everything reading time.time() sees it
     time.time = lambda: _real_time() + SKEW
 
 import tether  # noqa: E402
+from tether.core.context import current_step  # noqa: E402
 
 from .backends import database_url  # noqa: E402
 from .flows import _append, read_lines  # noqa: E402
@@ -46,6 +52,9 @@ def make_app(db: str, side_dir: str | Path, role: str = ROLE) -> tether.App:
     effects, journal = side / "effects.txt", side / "journal.txt"
     stall = os.environ.get("STALL_AT", "") if role == "first" else ""
     app = tether.App(database_url(db), lease_duration=LEASE)
+    if "MAX_LOOP_STALL" in os.environ:
+        stall_limit = float(os.environ["MAX_LOOP_STALL"])
+        app.engine.settings = dataclasses.replace(app.engine.settings, max_loop_stall=stall_limit)
 
     def note(what: str) -> None:
         _append(journal, f"{role} {os.getpid()} {what}")
@@ -83,15 +92,29 @@ def make_app(db: str, side_dir: str | Path, role: str = ROLE) -> tether.App:
         note("begin")
         key = tether.idempotency_key()
         (side / f"began-{os.getpid()}").touch()
-        time.sleep(4.0 if stall == "block" else 0.0)
+        time.sleep({"block": 4.0, "stuck": 8.0}.get(stall, 0.0))
         return effect(key, amount)
 
     @app.step()
     async def hog() -> str:
         (side / f"hogging-{os.getpid()}").touch()
-        if stall == "block":
-            time.sleep(6.0)  # a sync call on the loop: nothing else runs meanwhile
+        if stall in ("block", "stuck"):  # a sync call on the loop: nothing else runs meanwhile
+            time.sleep(6.0 if stall == "block" else 12.0)
         return "hogged"
+
+    @app.step(retry=tether.Retry(initial_delay=timedelta(seconds=1.5), jitter=0.0))
+    async def flake() -> str:
+        step = current_step()
+        assert step is not None
+        note(f"begin-{step.attempt}")
+        if step.attempt == 1:
+            (side / f"failed-{os.getpid()}").touch()
+            raise RuntimeError("the first attempt fails")
+        return f"attempt-{step.attempt}"
+
+    @app.workflow()
+    async def again() -> str:
+        return await flake()
 
     @app.step()
     async def work() -> str:

@@ -128,6 +128,26 @@ def test_an_at_most_once_effect_happens_once_when_its_live_owner_is_frozen_past_
 
 
 @pytest.mark.crash
+def test_a_worker_frozen_in_a_retry_wait_past_its_lease_does_not_run_the_step_again(
+    workers: Workers, db_url: str, tmp_path: Path
+) -> None:
+    """Its retry's wait is over when it thaws, but the run is another's by then, which ran the
+    attempt: the thawed worker learns so from a heartbeat before any body starts."""
+    first = workers.start("first")
+    start_run(db_url, tmp_path, "again", run_id="a")
+    wait_for((tmp_path / f"failed-{first.pid}").exists, "the first attempt's failure")
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        workers.start("second")
+        status, result = outcome(db_url, tmp_path, "a")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    time.sleep(2.0)  # time for the thawed worker to start the attempt, were it to
+    assert (status, result) == (RunStatus.SUCCEEDED, "attempt-2")
+    assert journal(tmp_path) == [("first", "begin-1"), ("second", "begin-2")]
+
+
+@pytest.mark.crash
 def test_a_worker_whose_loop_is_blocked_past_its_lease_keeps_its_at_most_once_run(
     workers: Workers, db_url: str, tmp_path: Path
 ) -> None:
@@ -142,6 +162,29 @@ def test_a_worker_whose_loop_is_blocked_past_its_lease_keeps_its_at_most_once_ru
     assert len(read_lines(tmp_path / "effects.txt")) == 1
     seen = journal(tmp_path)
     assert [who for who, what in seen if what in ("begin", "reconcile")] == ["first"]
+
+
+@pytest.mark.crash
+def test_a_worker_taken_for_stuck_under_a_running_at_most_once_body_ends_itself_first(
+    workers: Workers, db_url: str, tmp_path: Path
+) -> None:
+    """Its loop blocked past max_loop_stall, the worker stops extending its leases; a sync
+    at-most-once body still runs in it (past its timeout). Before its lease runs out it ends
+    its process (the fence), so the body cannot make its effect beside the next owner's."""
+    first = workers.start("first", STALL_AT="stuck", MAX_LOOP_STALL="1")
+    start_run(db_url, tmp_path, "pay_sync", 5, run_id="stuck")
+    wait_for((tmp_path / f"began-{first.pid}").exists, "the sync body")
+    start_run(db_url, tmp_path, "busy", run_id="hog")  # blocks the first worker's loop for 12 s
+    wait_for((tmp_path / f"hogging-{first.pid}").exists, "the loop to block")
+    workers.start("second")
+    assert first.wait(timeout=30) == 70  # the fence ended it (EX_SOFTWARE), before the lease
+    assert outcome(db_url, tmp_path, "stuck") == (RunStatus.SUCCEEDED, "receipt-5")
+    effects = read_lines(tmp_path / "effects.txt")
+    assert len(effects) == 1, effects
+    seen = journal(tmp_path)
+    assert ("first", "effect") not in seen
+    assert seen.index(("second", "reconcile")) < seen.index(("second", "effect"))
+    assert "ends now (exit status 70)" in (tmp_path / "log-first.txt").read_text()
 
 
 @pytest.mark.crash

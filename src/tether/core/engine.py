@@ -7,7 +7,9 @@ worker and the step machinery receive it. It never imports a backend.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,7 @@ from tether.store.base import QueueLimits, RunRecord, Store
 log = logging.getLogger("tether.worker")
 
 if TYPE_CHECKING:
+    from tether.core.keepalive import Fence
     from tether.core.worker import Worker
     from tether.core.workflow import Workflow
 
@@ -53,6 +56,9 @@ class Settings:
     # unless the event loop has not run for max_loop_stall seconds (then it is taken for stuck).
     keepalive_thread: bool = True
     max_loop_stall: float = 60.0
+    # A worker about to lose its leases while an at-most-once body still runs in it ends its
+    # process first (keepalive.Fence); False only logs, and gives that guarantee up.
+    fail_stop: bool = True
 
 
 @dataclass(slots=True)
@@ -89,7 +95,13 @@ class Engine:
     services: dict[str, Callable[[Worker], Awaitable[None]]] = field(default_factory=dict)
 
     # Threads running sync step bodies now, by (run id, checkpoint name): see track().
-    threads: dict[tuple[str, str], asyncio.Future[Any]] = field(default_factory=dict)
+    threads: dict[tuple[str, str], Body] = field(default_factory=dict)
+    # At-most-once attempts whose body runs now, by (run id, checkpoint name): when each is
+    # over for certain (its marker's retry_at). Read from the keepalive's thread (its fence).
+    in_flight: dict[tuple[str, str], float] = field(default_factory=dict)
+    # The fence of the worker executing here (None: no worker): no step body starts while its
+    # leases are not known to hold.
+    fence: Fence | None = None
     _skew_told: float = 0.0  # the clock skew last logged
 
     async def sync_clock(self) -> None:
@@ -102,21 +114,18 @@ class Engine:
                 log.warning("this machine's clock is %+.1fs off the database server's; "
                             "Tether keeps to the server's (leases, timers)", skew)  # fmt: skip
 
-    def track(self, key: tuple[str, str], thread: asyncio.Future[Any]) -> None:
-        """A sync step body runs in a thread for (run id, checkpoint name): threads cannot be
-        stopped, so shutdown and at-most-once reconciliation wait for them."""
-        self.threads[key] = thread
-        thread.add_done_callback(lambda _: self._untrack(key, thread))
-
-    def _untrack(self, key: tuple[str, str], thread: asyncio.Future[Any]) -> None:
-        if self.threads.get(key) is thread:
-            del self.threads[key]
+    def track(self, key: tuple[str, str]) -> Body:
+        """A sync step body starts in a thread for (run id, checkpoint name): threads cannot
+        be stopped, so shutdown and at-most-once reconciliation wait for them. The thread
+        calls the Body's end() when the body returns or raises."""
+        body = self.threads[key] = Body(self, key, asyncio.get_running_loop())
+        return body
 
     async def thread_over(self, key: tuple[str, str]) -> None:
         """Until the thread running the body of (run id, checkpoint name) here, if any, ended."""
-        thread = self.threads.get(key)
-        if thread is not None:
-            await asyncio.wait({thread})
+        body = self.threads.get(key)
+        if body is not None:
+            await asyncio.shield(body.ended)
 
     def observe(self, observer: Observer) -> None:
         """Tell `observer` of every run execution and step attempt from now on (after the
@@ -198,3 +207,26 @@ def _wake_reader(future: asyncio.Future[None]) -> None:
             future.set_result(None)
     else:
         future.get_loop().call_soon_threadsafe(_wake_reader, future)
+
+
+class Body:
+    """A sync step body running in a thread: when it ended, seen from the worker's loop (a
+    future) and from any thread (an Event), whatever became of the task that awaited it."""
+
+    def __init__(self, engine: Engine, key: tuple[str, str], loop: asyncio.AbstractEventLoop):
+        self.engine, self.key, self.loop = engine, key, loop
+        self.ended: asyncio.Future[None] = loop.create_future()
+        self.over = threading.Event()
+
+    def end(self) -> None:
+        """Called by the body's thread as it finishes."""
+        self.engine.in_flight.pop(self.key, None)
+        self.over.set()
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            self.loop.call_soon_threadsafe(self._ended)
+
+    def _ended(self) -> None:
+        if self.engine.threads.get(self.key) is self:
+            del self.engine.threads[self.key]
+        if not self.ended.done():
+            self.ended.set_result(None)

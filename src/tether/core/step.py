@@ -22,13 +22,21 @@ from datetime import timedelta
 from typing import Any, Generic, ParamSpec, Protocol, TypeVar
 
 from tether.core.context import _RUN, _STEP, StepContext
-from tether.core.doubt import NOT_DONE, Bounded, in_doubt, marker, reconcile, settle_marker
+from tether.core.doubt import (
+    NOT_DONE,
+    Bounded,
+    in_doubt,
+    marker,
+    reconcile,
+    settle_marker,
+    unsettled,
+)
 from tether.core.execution import Busy, RunContext, Slot, arguments
 from tether.core.observe import StepOutcome
 from tether.core.retry import Retry
 from tether.core.suspension import park
 from tether.core.workflow import type_hints
-from tether.errors import ConfigurationError, StepTimeout
+from tether.errors import ConfigurationError, StepInterrupted, StepTimeout
 from tether.serde import Serde, encode_error, rebuild_error
 from tether.store.base import Checkpoint, CheckpointStatus
 
@@ -144,7 +152,52 @@ async def _execute(
         if found is not NOT_DONE:
             return found
         attempts = recorded.attempts
+        if recorded.status is CheckpointStatus.STARTED and step.at_most_once:
+            # An attempt cut short (its worker stopped or died) and reconciled as not done:
+            # it failed, and the step's Retry decides as for any failed attempt.
+            interrupted = StepInterrupted(
+                f"at-most-once step {slot.name!r} attempt {attempts} was cut short (its "
+                f"worker stopped, died or lost its lease) and reconciled as not done"
+            )
+            verdict = await _retry_or_fail(step, ctx, slot, (attempts, recorded.started_at or 0.0),
+                                           _UNWATCHED, interrupted)  # fmt: skip
+            if verdict.retry_at is None:
+                assert verdict.error is not None
+                raise verdict.error
+            await wait_until(ctx, verdict.retry_at)
     return await _attempts(step, ctx, slot, attempts, args, kwargs, commit)
+
+
+async def _mark(
+    step: Attempted, ctx: RunContext, slot: Slot, attempts: int, started: float
+) -> float:
+    """Write an at-most-once attempt's start marker: the attempt is over for certain at
+    retry_at (see doubt.py). Returns the time left for its body, which is in flight from now
+    (Engine.in_flight: the keepalive's fence)."""
+    assert step.timeout is not None
+    retry_at = started + step.timeout
+    clock = ctx.engine.clock
+    await ctx.write(slot.checkpoint(CheckpointStatus.STARTED, attempts=attempts,
+                                    started_at=started, retry_at=retry_at,
+                                    result=marker(ctx.lease, clock)))  # fmt: skip
+    ctx.engine.in_flight[(ctx.run_id, slot.name)] = retry_at
+    return retry_at - clock.now()
+
+
+def _held_back(ctx: RunContext) -> bool:
+    fence = ctx.engine.fence
+    return ctx.ending is not None or (fence is not None and not fence.holds())
+
+
+async def _before_attempt(ctx: RunContext) -> None:
+    """No new attempt once the execution ends; none while this worker's leases are not known
+    to hold (it was stopped past them: is the run still its own?)."""
+    if ctx.ending is not None:
+        await ctx.meet_end()
+    fence = ctx.engine.fence
+    if fence is not None and not fence.holds():
+        with Busy(ctx):  # not a wait of the workflow's: the run does not suspend on it
+            await fence.confirmed()
 
 
 async def _attempts(
@@ -165,20 +218,16 @@ async def _attempts(
     forced = ctx.engine.settings.force_replay
     while True:
         attempts += 1
-        if ctx.ending is not None:  # no new attempt once the execution ends
-            await ctx.meet_end()
+        if _held_back(ctx):
+            await _before_attempt(ctx)
         # This attempt's checkpoint, in whichever status it ends, and who watches it.
         watch = _Watch(ctx, step, slot.name, attempts) if ctx.engine.observer else _UNWATCHED
         started = clock.now()
         try:
+            # An at-most-once body gets what is left of its timeout once its marker is written.
+            limit = step.timeout
             if step.at_most_once:
-                # The marker: the attempt is over for certain at retry_at (see doubt.py).
-                assert step.timeout is not None
-                await ctx.write(slot.checkpoint(
-                    CheckpointStatus.STARTED, attempts=attempts, started_at=started,
-                    retry_at=started + step.timeout,
-                    result=marker(ctx.lease.worker_id, ctx.lease.epoch),
-                ))  # fmt: skip
+                limit = await _mark(step, ctx, slot, attempts, started)
             step_ctx = StepContext(run_id=ctx.run_id, name=slot.name, attempt=attempts)
             # Busy from the body to the record of how it ended: an execution that ends
             # meanwhile (forced replay) lets the attempt finish and record first.
@@ -188,7 +237,8 @@ async def _attempts(
                 try:
                     if commit is None:
                         assert isinstance(step, Step)
-                        value, text = await _attempt(step, step_ctx, args, kwargs, serde, what)
+                        value, text = await _attempt(step, step_ctx, args, kwargs, serde, what,
+                                                     limit)  # fmt: skip
                     else:  # a transaction step: the body and its checkpoint commit together
                         outcome = functools.partial(slot.checkpoint, attempts=attempts,
                                                     started_at=started)  # fmt: skip
@@ -213,10 +263,10 @@ async def _attempts(
             if forced:
                 await ctx.replay_now()
             return _returned(step, ctx, done, value, what)
-        if verdict.found is not NOT_DONE:
-            return verdict.found
         if forced:
             await ctx.replay_now()
+        if verdict.found is not NOT_DONE:
+            return verdict.found  # reconciled
         if verdict.retry_at is None:
             assert verdict.error is not None
             raise verdict.error
@@ -274,9 +324,7 @@ async def _failed(
     """Attempt (its number, when it started) raised `exc`: an at-most-once attempt in doubt
     is reconciled (the hook's result, recorded); else the retry (recorded RETRYING) or the
     failure (recorded FAILED)."""
-    clock = ctx.engine.clock
-    attempts, started = attempt
-    outcome = functools.partial(slot.checkpoint, attempts=attempts, started_at=started)
+    attempts, _ = attempt
     error = _attempt_error(step, slot.name, attempts, exc)
     if step.at_most_once and in_doubt(step, error):
         # Its effect may have happened: never retried blindly; the hook says.
@@ -284,6 +332,25 @@ async def _failed(
         if found is not NOT_DONE:
             watch.ended(StepOutcome.COMPLETED, None)
             return _Verdict(found=found)
+    verdict = await _retry_or_fail(step, ctx, slot, attempt, watch, error)
+    if error is not exc:
+        error.__cause__ = exc
+    return verdict
+
+
+async def _retry_or_fail(
+    step: Attempted,
+    ctx: RunContext,
+    slot: Slot,
+    attempt: tuple[int, float],
+    watch: _Watch | _Unwatched,
+    error: Exception,
+) -> _Verdict:
+    """Attempt (its number, when it started) failed with `error`: the retry the step's policy
+    gives (recorded RETRYING), or the failure (recorded FAILED)."""
+    clock = ctx.engine.clock
+    attempts, started = attempt
+    outcome = functools.partial(slot.checkpoint, attempts=attempts, started_at=started)
     finished = clock.now()
     if step.retry.retries(error, attempts):
         retry_at = finished + _retry_delay(step, error, attempts)
@@ -295,8 +362,6 @@ async def _failed(
                             finished_at=finished))  # fmt: skip
     watch.ended(StepOutcome.FAILED, error)
     ctx.failed_at(error, slot.position)
-    if error is not exc:
-        error.__cause__ = exc
     return _Verdict(error=error)
 
 
@@ -336,11 +401,24 @@ async def _from_history(
         error = rebuild_error(ctx.decode(recorded, lambda: json.loads(recorded.error or "{}")))
         ctx.failed_at(error, slot.position)
         raise error
-    if recorded.status is CheckpointStatus.RETRYING and recorded.retry_at is not None:
-        await wait_until(ctx, recorded.retry_at)
+    if recorded.status is CheckpointStatus.RETRYING:
+        if recorded.retry_at is not None:
+            await wait_until(ctx, recorded.retry_at)
+        if unsettled(step, recorded):  # resumed after its hook failed: ask it again first
+            await ctx.at_frontier()
+            return await _reconciled(ctx, reconcile(step, ctx, slot, recorded.attempts, args,
+                                                    kwargs))  # fmt: skip
     elif recorded.status is CheckpointStatus.STARTED and step.at_most_once:
-        return await settle_marker(step, ctx, slot, args, kwargs)
+        return await _reconciled(ctx, settle_marker(step, ctx, slot, args, kwargs))
     return NOT_DONE
+
+
+async def _reconciled(ctx: RunContext, asked: Awaitable[object]) -> object:
+    """What reconciling found; the forced-replay mode replays after a result it recorded."""
+    found = await asked
+    if found is not NOT_DONE and ctx.engine.settings.force_replay:
+        await ctx.replay_now()
+    return found
 
 
 def _attempt_error(step: Attempted, name: str, attempts: int, exc: Exception) -> Exception:
@@ -373,18 +451,20 @@ async def _attempt(
     kwargs: dict[str, Any],
     serde: Serde,
     what: str,
+    limit: float | None,
 ) -> tuple[Any, str]:
-    """One attempt: the body, its result's JSON, then what the attempt attached settles (its
-    finalizers, told how it ended), all before the attempt's checkpoint is written."""
+    """One attempt: the body (given `limit` seconds, None: no timeout), its result's JSON,
+    then what the attempt attached settles (its finalizers, told how it ended), all before
+    the attempt's checkpoint is written."""
     try:
-        if step.is_async and step.timeout is None:  # the common case, without a frame more
+        if step.is_async and limit is None:  # the common case, without a frame more
             token = _STEP.set(step_ctx)
             try:
                 value = await step.fn(*args, **kwargs)
             finally:
                 _STEP.reset(token)
         else:
-            value = await _run_body(step, step_ctx, args, kwargs)
+            value = await _run_body(step, step_ctx, args, kwargs, limit)
         text = serde.dumps(value, what=what)
     except BaseException as exc:
         await step_ctx.finish(exc)
@@ -395,40 +475,58 @@ async def _attempt(
 
 
 async def _run_body(
-    step: Step[..., Any], step_ctx: StepContext, args: tuple[Any, ...], kwargs: dict[str, Any]
+    step: Step[..., Any],
+    step_ctx: StepContext,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    limit: float | None,
 ) -> Any:
+    run = _RUN.get()
+    # An at-most-once body is in flight (see _mark) until it ended here; a thread's end
+    # says so itself (Engine.track), since the thread may outlive this call.
+    landed = (run.engine.in_flight if run is not None and step.at_most_once else {}).pop
+    key = (step_ctx.run_id, step_ctx.name)
+    if limit is not None and limit <= 0:  # its marker took all its time: it never starts
+        landed(key, None)
+        raise TimeoutError(f"step {step_ctx.name!r} had no time left to start")
     if step.is_async:
         token = _STEP.set(step_ctx)
         try:
             body = step.fn(*args, **kwargs)
-            if step.timeout is None:
+            if limit is None:
                 return await body
-            if step.at_most_once and inspect.iscoroutine(body):
-                body = Bounded(body, step.timeout, step_ctx.name)  # never resumed past its time
-            async with asyncio.timeout(step.timeout):
+            if run is not None and step.at_most_once and inspect.iscoroutine(body):
+                body = Bounded(body, limit, step_ctx.name, run.engine.clock)  # never late
+            async with asyncio.timeout(limit):
                 return await body
         finally:
             _STEP.reset(token)
+            landed(key, None)
+    tracked = None if run is None else run.engine.track((run.run_id, step_ctx.name))
     context = contextvars.copy_context()
     context.run(_STEP.set, step_ctx)
-    call = functools.partial(context.run, step.fn, *args, **kwargs)
-    loop = asyncio.get_running_loop()
-    thread = loop.run_in_executor(None, call)
-    run = _RUN.get()
-    if run is not None:
-        run.engine.track((run.run_id, step_ctx.name), thread)
-    if step.timeout is None:
+
+    def call() -> Any:
+        try:
+            return context.run(step.fn, *args, **kwargs)
+        finally:
+            if tracked is not None:
+                tracked.end()
+
+    thread = asyncio.get_running_loop().run_in_executor(None, call)
+    if limit is None:
         return await thread
     try:
-        async with asyncio.timeout(step.timeout):
+        async with asyncio.timeout(limit):
             return await asyncio.shield(thread)
     except TimeoutError:
         if not step.at_most_once:
             raise  # the thread cannot be stopped, only abandoned: the step is retried
-    # An at-most-once body is never abandoned: its thread's outcome is the attempt's.
+    # An at-most-once body is never abandoned: its thread's outcome is the attempt's (and
+    # while it runs, its worker keeps its lease or stops: see keepalive.Fence).
     log.warning("at-most-once step %r ran past its timeout of %ss; a thread cannot be stopped, "
                 "so the run waits for its outcome", step_ctx.name, step.timeout)  # fmt: skip
-    return await thread
+    return await asyncio.shield(thread)
 
 
 async def wait_until(ctx: RunContext, when: float) -> None:

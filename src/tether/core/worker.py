@@ -14,11 +14,10 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
 
 from tether.core.engine import Engine
-from tether.core.keepalive import Keepalive
+from tether.core.keepalive import Fence, Keepalive
 from tether.core.lease import dead_here, this_worker
 from tether.core.runner import Runner
 from tether.errors import ConfigurationError
@@ -44,6 +43,9 @@ class Worker:
         self._stopped = False
         self._swept_at: float | None = None  # when it last looked for unserved runs
         self._keepalive: Keepalive | None = None  # extends leases from a thread of its own
+        self.fence = Fence(self)  # its leases never run out under an at-most-once body
+        engine.fence = self.fence
+        self._register: asyncio.Task[None] | None = None  # registering again (its row was gone)
 
     @property
     def stopped(self) -> bool:
@@ -78,40 +80,60 @@ class Worker:
     async def stop(self) -> None:
         """Stop executing: in-flight runs are interrupted and released for the next worker.
         Sync step bodies cannot be interrupted: they get up to settings.shutdown_grace seconds
-        to end first; while one still runs, the runs stay leased (their leases run out)
-        instead of being released to another worker at once."""
+        to end first; the runs of those that still run stay leased, from a thread that
+        outlives this call, until they end (an at-most-once body is then reconciled by the
+        next owner, never while it runs)."""
         # The flag as well as the cancellation: 3.11's asyncio.timeout can swallow a cancel
         # that coincides with its deadline, and the loops must end all the same.
         self._stopped = True
-        threads = list(self.engine.threads.values())
-        if threads:
-            await self._let_threads_end(dict(self.engine.threads))
+        if self.engine.threads:
+            await self._let_threads_end()
         for task in self._tasks:
             task.cancel()
+        if self._register is not None:
+            self._register.cancel()
+        leases = {run_id: r.lease for run_id, r in self.runners.items()}
         runner_tasks = [r.task for r in self.runners.values() if r.task is not None]
         for runner in self.runners.values():
             runner.stop()
         await asyncio.gather(*self._tasks, *runner_tasks, return_exceptions=True)
         self._tasks = []
-        if self._keepalive is not None:
-            await self._keepalive.stop()
-            self._keepalive = None
-        if any(not t.done() for t in threads):
-            log.warning("sync step bodies still run; their runs are not released: another "
-                        "worker takes them once their leases run out")  # fmt: skip
-            return
+        bodies = [body for body in self.engine.threads.values() if not body.over.is_set()]
+        keepalive, self._keepalive = self._keepalive, None
+        if bodies:
+            kept = [leases[b.key[0]] for b in bodies if b.key[0] in leases]
+            if keepalive is None and (other := self.engine.store.another()) is not None:
+                keepalive = Keepalive(self, other)
+                keepalive.start()
+            log.warning("%d sync step bodies still run; their runs stay leased to this "
+                        "process until they end, then are released", len(bodies))  # fmt: skip
+            if keepalive is not None:
+                keepalive.linger(kept, bodies)
+                return
+            # No second handle on this database (in memory): kept from here, until they end.
+            while not all(body.over.is_set() for body in bodies):
+                now = self.engine.clock.now()
+                with contextlib.suppress(Exception):
+                    await self.engine.store.heartbeat(self.id, kept, now + self.lease_duration, now)
+                await asyncio.wait([body.ended for body in bodies], timeout=self.lease_duration / 3)
+        if keepalive is not None:
+            await keepalive.stop()
         with contextlib.suppress(Exception):
             await self.engine.store.release_worker(self.id, self.engine.clock.now())
 
-    async def _let_threads_end(self, threads: dict[tuple[str, str], asyncio.Future[Any]]) -> None:
-        """Up to settings.shutdown_grace seconds for the sync step bodies running now to end,
-        and for their runs to record how they ended."""
+    async def _let_threads_end(self) -> None:
+        """Up to settings.shutdown_grace seconds for the sync step bodies running now (and
+        any that start meanwhile) to end, and for their runs to record how they ended."""
         grace = self.engine.settings.shutdown_grace
-        log.info("waiting up to %ss for %d sync step bodies to end", grace, len(threads))
+        log.info("waiting up to %ss for %d sync step bodies to end", grace,
+                 len(self.engine.threads))  # fmt: skip
         loop = asyncio.get_running_loop()
         give_up = loop.time() + grace
-        await asyncio.wait(threads.values(), timeout=grace)
-        runs = {run_id for run_id, _ in threads}
+        runs: set[str] = set()
+        while (bodies := list(self.engine.threads.values())) and loop.time() < give_up:
+            runs.update(body.key[0] for body in bodies)
+            await asyncio.wait([body.ended for body in bodies],
+                               timeout=max(0.0, give_up - loop.time()))  # fmt: skip
         settling = [asyncio.ensure_future(r.ctx.settled())
                     for run_id, r in self.runners.items()
                     if run_id in runs and r.ctx is not None]  # fmt: skip
@@ -143,9 +165,13 @@ class Worker:
 
     def capacity(self) -> int:
         """How many more runs this worker may execute now. Runs holding a short wait in
-        memory do not count: they execute nothing, and they are few (max_held_waits)."""
-        busy = len(self.runners) - self.engine.held_waits
-        return self.engine.settings.concurrency - busy
+        memory while nothing of theirs runs (no step body, no I/O) do not count: they execute
+        nothing, and they are few (max_held_waits)."""
+        runners = self.runners.values()
+        waiting = sum(
+            1 for r in runners if (ctx := r.ctx) is not None and ctx.parks and not ctx.busy
+        )
+        return self.engine.settings.concurrency - len(self.runners) + waiting
 
     def has_capacity(self) -> bool:
         return self.capacity() > 0
@@ -255,23 +281,35 @@ class Worker:
         """The leases of the runs it executes now (read from the keepalive's thread too)."""
         return [r.lease for r in list(self.runners.values())]
 
-    def heard(self, reply: HeartbeatReply) -> None:
-        """What a heartbeat answered: leases lost (their runs stop executing here), cancel
-        requests, and whether this worker's row is gone (it registers again)."""
+    def heard(self, reply: HeartbeatReply, sent: Sequence[Lease], until: float) -> None:
+        """What a heartbeat that extended the leases `sent` to `until` answered: leases lost
+        (their runs stop executing here), cancel requests, and whether this worker's row is
+        gone (it registers again)."""
+        epochs = {lease.run_id: lease.epoch for lease in sent}
         for run_id in reply.lost:
             runner = self.runners.get(run_id)
-            # A run its execution is giving back is not lost: its lease goes with it.
-            if runner is not None and not runner.releasing:
+            # A run its execution is giving back is not lost: its lease goes with it; nor is
+            # one claimed again since (a newer epoch than the one that was sent).
+            if (runner is not None and not runner.releasing
+                    and runner.lease.epoch == epochs.get(run_id)):  # fmt: skip
                 log.warning("lost the lease on run %r; stopped executing it", run_id)
                 runner.stop()
         for run_id in reply.cancel:
             self.cancel(run_id)
-        if reply.unknown and not self._stopped:
+        if reply.unknown and not self._stopped and self._register is None:
             # Its row was deleted (someone took it for dead): it lives, so it says so.
             log.warning("worker %s had no row any more; registering it again", self.id)
-            self._register = asyncio.ensure_future(
-                self.engine.store.register_worker(self.info, self.engine.clock.now())
-            )
+            self._register = asyncio.create_task(self._register_again())
+        self.fence.heard(until)
+
+    async def _register_again(self) -> None:
+        try:
+            await self.engine.store.register_worker(self.info, self.engine.clock.now())
+        except Exception:
+            log.exception("registering worker %s again failed; the next heartbeat retries",
+                          self.id)  # fmt: skip
+        finally:
+            self._register = None
 
     def keepalive_failed(self) -> None:
         self._keepalive = None  # the heartbeat loop extends the leases itself
@@ -279,19 +317,28 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         engine = self.engine
         while not self._stopped:
-            await asyncio.sleep(self.lease_duration / 3)
+            pause = self.lease_duration / 3
+            if self._keepalive is None and (due := self.fence.due()) is not None:
+                pause = min(pause, max(0.01, due - engine.clock.now()))  # the fence in time
+            await asyncio.sleep(pause)
             try:
                 await engine.sync_clock()
                 if self._keepalive is None:
-                    now = engine.clock.now()
-                    reply = await engine.store.heartbeat(
-                        self.id, self.leases(), now + self.lease_duration, now
-                    )
-                    self.heard(reply)
+                    await self.beat()
                 await self.recover_local()
                 await self.dead_letter_unserved()
             except Exception:
                 log.exception("heartbeat failed; retrying")
+            if self._keepalive is None:
+                self.fence.check()
+
+    async def beat(self) -> None:
+        """One heartbeat from the loop: the leases extended, what it answered heard."""
+        now, leases = self.engine.clock.now(), self.leases()
+        until = now + self.lease_duration
+        reply = await self.engine.store.heartbeat(self.id, leases, until, now)
+        self.fence.extended(until)
+        self.heard(reply, leases, until)
 
     async def dead_letter_unserved(self, *, force: bool = False) -> list[str]:
         """Every settings.unserved_check seconds (or now, with `force`): end dead the runs
