@@ -77,7 +77,8 @@ def fake_app(url: str = "memory://", *, clock: FakeClock | None = None, **option
 
 async def run_until_idle(app: App, *, advance: bool = True, timeout: float = 30.0) -> None:
     """Let the in-process worker (`async with app:`) run until no run can go on. With a
-    FakeClock and `advance`, time jumps to the next timer whenever everything waits."""
+    FakeClock and `advance`, time jumps to the next timer whenever everything waits. Held runs
+    (their replay diverged) wait for new code, not for time: no jump is made for them."""
     engine = app.engine
     worker = engine.worker
     if worker is None:
@@ -89,9 +90,8 @@ async def run_until_idle(app: App, *, advance: bool = True, timeout: float = 30.
         while True:
             while worker.runners:
                 await asyncio.sleep(0.001)
-            names = list(engine.workflows)
             pending = await engine.store.list_runs(statuses=[RunStatus.PENDING], limit=1)
-            due = await engine.store.next_wake_at(names) if names else None
+            due = await _next_due(app)
             if isinstance(clock, FakeClock):
                 soonest = clock.next_due()
                 due = soonest if due is None else min(due, soonest or due)
@@ -103,6 +103,21 @@ async def run_until_idle(app: App, *, advance: bool = True, timeout: float = 30.
             else:
                 return
             await asyncio.sleep(0.005)  # let the worker claim what is due
+
+
+async def _next_due(app: App) -> float | None:
+    """When the next run of the app's workflows becomes due: a waiting or pending run's wake-up,
+    a running one's lease expiry (held runs left out)."""
+    names = set(app.engine.workflows)
+    statuses = [RunStatus.PENDING, RunStatus.WAITING, RunStatus.RUNNING]
+    times = []
+    for run in await app.engine.store.list_runs(statuses=statuses, limit=10_000):
+        if run.workflow not in names:
+            continue
+        at = run.lease_expires_at if run.status is RunStatus.RUNNING else run.wake_at
+        if at is not None:
+            times.append(at)
+    return min(times, default=None)
 
 
 # Times: nothing replay looks at.

@@ -121,6 +121,9 @@ class RunContext:
     parks: set[Park] = field(default_factory=set)  # tasks waiting on Tether (suspension.py)
     root_cancels: int = 0  # cancellations `end` made of the root task (the runner's)
     checking: asyncio.Handle | asyncio.Task[None] | None = None  # a look for quiescence due
+    # Since when (the loop's clock) the replay has looked diverged while some task waits on
+    # something other than Tether (see suspension.look).
+    foreign_since: float | None = None
     raised: dict[int, tuple[BaseException, str]] = field(default_factory=dict)  # by id(exc)
 
     def __post_init__(self) -> None:
@@ -150,6 +153,10 @@ class RunContext:
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self.tasks.discard(task)
+        # The execution's own end, met in that task, is no error of it: retrieved, so asyncio
+        # does not log it (peeked first: the code's own exceptions stay its to retrieve).
+        if isinstance(getattr(task, "_exception", None), Signal):
+            task.exception()
         if self.parks:
             self.look()
 
@@ -168,6 +175,8 @@ class RunContext:
         if self.delivered:
             assert self.ending is not None
             raise self.ending
+        if not self.executing:
+            raise self.left_behind()
         frame = _FRAME.get()
         if frame is None or frame.ctx is not self or frame.task is not asyncio.current_task():
             frame = here(self)  # raises: a task Tether did not place
@@ -194,6 +203,14 @@ class RunContext:
             self.frontier_reached()
         return Slot(recorded.seq, position, name, kind, recorded, args)
 
+    def left_behind(self) -> asyncio.CancelledError:
+        """What a task that outlived the workflow's code meets at its next checkpoint or
+        wait (close() cancelled it; the cleanup it runs can record nothing any more)."""
+        return asyncio.CancelledError(
+            f"run {self.run_id!r}: the workflow's code returned; a task it left running "
+            f"was cancelled and can make no more checkpoints or waits"
+        )
+
     def peek(self, base: str) -> tuple[Checkpoint | None, str]:
         """What the history holds at the current task's next position, and the name a
         checkpoint called `base` would get there, without asking for it."""
@@ -201,10 +218,12 @@ class RunContext:
         return self.history.get(frame.position(frame.next)), frame.name(base, peek=True)
 
     def replaying(self) -> bool:
-        """Whether the history holds checkpoints not asked for yet after the current task's
-        point: later in it, or in tasks it has not created yet."""
-        frame = here(self)
-        return any(frame.after(position) for position in self.unrequested)
+        """Whether the history holds checkpoints not asked for yet, in any task: the run went
+        on past this point under the code that recorded it (a checkpoint of the parent after
+        the join, too), so a new path taken here (tether.patched) could only wait for them at
+        the frontier. New paths are taken once the whole history replayed."""
+        here(self)  # raises for a task Tether did not place
+        return bool(self.unrequested)
 
     def recorded(self, checkpoint: Checkpoint) -> None:
         """`checkpoint` was written durably by this execution."""
@@ -377,7 +396,10 @@ class RunContext:
         ended) goes on."""
         frame = _FRAME.get()  # inside Tether's I/O already (busy): an attempt's record
         inside = frame is not None and frame.quiet > 0
-        if not inside and (self.ending is not None or self.unrequested or self.replay_only):
+        # Once the workflow's code is done, the runner's own writes (the helpers flushed as
+        # it suspends) go on: there is no task left to meet the end.
+        if (not inside and self.executing
+                and (self.ending is not None or self.unrequested or self.replay_only)):  # fmt: skip
             await self.at_frontier()
         if self.ending is not None and isinstance(self.ending, Abandon):
             raise self.ending

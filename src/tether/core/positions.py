@@ -59,15 +59,6 @@ class Frame:
         self.children += 1
         return Frame(self.ctx, (*self.path, index), None)
 
-    def after(self, position: str) -> bool:
-        """Whether `position` lies after what this task asked for so far: later in this task,
-        or in a task it has not created yet (or below one)."""
-        parts = position.split("/")
-        depth = len(self.path)
-        if len(parts) <= depth or any(int(p) != i for p, i in zip(parts, self.path, strict=False)):
-            return False
-        return int(parts[depth]) >= (self.next if len(parts) == depth + 1 else self.children)
-
 
 def here(ctx: RunContext) -> Frame:
     """The frame of the workflow task running now; ConfigurationError for code in a task that

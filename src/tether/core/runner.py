@@ -23,8 +23,8 @@ from tether.core.context import _RUN
 from tether.core.engine import Engine
 from tether.core.execution import MISSING, RunContext, retry_store
 from tether.core.observe import RunOutcome
-from tether.core.positions import _FRAME, install
-from tether.core.signals import Abandon, ReplayNow, Suspend
+from tether.core.positions import _FRAME, install, internal
+from tether.core.signals import Abandon, ReplayNow, Signal, Suspend
 from tether.core.workflow import Workflow
 from tether.errors import (
     ConfigurationError,
@@ -174,6 +174,10 @@ class Runner:
             return failure
         if self.cancel_requested and isinstance(failure, asyncio.CancelledError):
             return failure
+        if self.cancel_requested and isinstance(failure, BaseExceptionGroup):
+            _, rest = failure.split((asyncio.CancelledError, Signal))
+            if rest is None:  # a TaskGroup that unwound for the execution's end, or the cancel
+                return asyncio.CancelledError()
         if ctx.ending is not None and not self.cancel_requested:
             return ctx.ending  # what any task met: a result after it is not the run's
         return failure
@@ -234,7 +238,7 @@ class Runner:
         if remaining <= 0:
             raise self._timeout()
         # The watchdog sleeps on the engine's clock, so a test's fake clock moves it too.
-        watchdog = asyncio.ensure_future(self._expire(remaining))
+        watchdog = internal(self._expire(remaining))  # not a workflow task: no place taken
         try:
             return await self._body(ctx, workflow)
         except asyncio.CancelledError:
@@ -286,7 +290,7 @@ class Runner:
         now = engine.clock.now()
         retry_at: float | None = None
         if failures < settings.max_executions:
-            delay = settings.failure_backoff * 2 ** (failures - 1)
+            delay = settings.failure_backoff * 2 ** min(failures - 1, 32)
             retry_at = now + min(delay, settings.max_failure_backoff)
             log.error("run %r: execution %d of at most %d in a row failed outside the "
                       "workflow's code; tried again in %.1fs", self.record.id, failures,
@@ -332,7 +336,8 @@ class Runner:
         starts. Its approvals stay pending and its parent is not told."""
         engine, settings, lease = self.engine, self.engine.settings, self.lease
         failures = (0 if self.progressed else self.record.failures) + 1
-        delay = min(settings.failure_backoff * 2 ** (failures - 1), settings.held_retry_max)
+        # The exponent capped: a run held for long is tried again ever so often, not overflowed.
+        delay = min(settings.failure_backoff * 2 ** min(failures - 1, 32), settings.held_retry_max)
         now = engine.clock.now()
         error = json.dumps(encode_error(exc) | {"position": exc.position})
         log.error("run %r is held: %s", self.record.id, exc)

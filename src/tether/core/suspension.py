@@ -22,6 +22,11 @@ from tether.core.signals import EndOfHistory, Suspend
 
 _END = object()  # a park's result when the execution ends
 
+# How long a replay may look diverged (every task waits, a recorded checkpoint not asked for)
+# while some task waits on something other than Tether (asyncio.sleep, asyncio.wait_for's
+# timer, a future of its own) before it is taken as diverged: that task may yet go on.
+FOREIGN_GRACE = 2.0
+
 
 @dataclass(eq=False, slots=True)
 class Park:
@@ -50,17 +55,25 @@ async def park(
     keys: Sequence[str] = (),
     deadline: float | None = None,
     frontier: bool = False,
+    since: float | None = None,
+    news: asyncio.Future[object] | None = None,
 ) -> None:
     """Wait until this task may have news: an event for the run or a child's end (the run is
-    woken), `deadline`, or (frontier) every recorded checkpoint asked for. Raises the
-    execution's end signal when it ends meanwhile (it suspends, replays, is abandoned)."""
+    woken), `deadline`, or (frontier) every recorded checkpoint asked for. `since`: when the
+    wait this park is part of began (news that was not for it does not hold the run longer);
+    `news`: the run's wake future, registered before the caller looked for news (a wake-up
+    since then returns at once).
+    Raises the execution's end signal when it ends meanwhile (it suspends, replays, is
+    abandoned)."""
     if ctx.delivered:
         assert ctx.ending is not None
         raise ctx.ending
+    if not ctx.executing:
+        raise ctx.left_behind()
     engine = ctx.engine
     clock = engine.clock
     now = clock.now()
-    if deadline is not None and deadline <= now:
+    if (deadline is not None and deadline <= now) or (news is not None and news.done()):
         return
     task = asyncio.current_task()
     assert task is not None
@@ -70,8 +83,9 @@ async def park(
     crowded = first and engine.held_waits >= engine.settings.max_held_waits
     hold = 0.0 if crowded or frontier else engine.settings.inline_wait_max
     # Resolved by engine.wake(run id) as well: news for this run.
-    future = engine.wake_future(ctx.run_id)
-    here = Park(task, future, tuple(keys), deadline, now + hold, frontier)
+    future = news if news is not None else engine.wake_future(ctx.run_id)
+    here = Park(task, future, tuple(keys), deadline, (now if since is None else since) + hold,
+                frontier)  # fmt: skip
     if deadline is not None:
         here.timer = internal(_ring(here, clock, deadline - now))
     ctx.parks.add(here)
@@ -109,11 +123,18 @@ def look(ctx: RunContext) -> None:
         return
     if ctx.busy or not ctx.parks or not ctx.executing:
         return  # busy: looked at again when the I/O ends; no park: nothing waits on Tether
-    if any(runnable(task) for task in ctx.live()):
+    # A task that finished (still among ctx.tasks: its done-callbacks have not run yet) is
+    # about to wake whoever awaits it.
+    if any(runnable(task) for task in ctx.live()) or any(t.done() for t in ctx.tasks):
+        ctx.foreign_since = None  # it goes on: a grace starts anew
         ctx.look()  # the next loop turn: what runs now may park, or do I/O, or finish
         return
     # Every workflow task waits, and nothing is busy.
     diverged = ctx.unreplayed()
+    if diverged is None or not _foreign(ctx):
+        ctx.foreign_since = None
+    elif _grace(ctx):  # a task waits on a timer of its own, say: it may still ask for it
+        return
     if diverged is not None:  # nothing can ask for the rest of the history any more
         ctx.abandon(diverged)
         return
@@ -133,7 +154,32 @@ def look(ctx: RunContext) -> None:
     ctx.checking = internal(_later(ctx, latest - now))
 
 
-async def _later(ctx: RunContext, seconds: float) -> None:
-    await ctx.engine.clock.sleep(seconds)
+def _foreign(ctx: RunContext) -> bool:
+    """Whether some workflow task waits on something other than Tether and its own tasks (a
+    timer of asyncio's, say: a plain future; a gather's or another task's end is not)."""
+    parked = {p.task for p in ctx.parks}
+    for task in ctx.live():
+        if task in parked:
+            continue
+        waiter = getattr(task, "_fut_waiter", None)
+        if not isinstance(waiter, asyncio.Task) and type(waiter).__name__ != "_GatheringFuture":
+            return True
+    return False
+
+
+def _grace(ctx: RunContext) -> bool:
+    """Whether the FOREIGN_GRACE is still running (a look is due at its end)."""
+    now = asyncio.get_running_loop().time()
+    if ctx.foreign_since is None:
+        ctx.foreign_since = now
+    left = ctx.foreign_since + FOREIGN_GRACE - now
+    if left <= 0:
+        return False
+    ctx.checking = internal(_later(ctx, left, real=True))
+    return True
+
+
+async def _later(ctx: RunContext, seconds: float, *, real: bool = False) -> None:
+    await (asyncio.sleep(seconds) if real else ctx.engine.clock.sleep(seconds))
     if ctx.checking is asyncio.current_task():
         look(ctx)

@@ -117,6 +117,13 @@ class Plan:
             times.append(started + self.timeout)
         return min(times, default=None)
 
+    def knows(self, key: str) -> bool:
+        """Whether `key` (a recorded winner) is one of this plan's waits."""
+        if key == TIMEOUT:
+            return self.timeout is not None
+        timers = {f"tether:timer:{n}" for n, s in self.names.items() if isinstance(s, TimerWait)}
+        return key in timers or key in self.mailbox()
+
     def needs_start(self) -> bool:
         """Whether the wait's start time must be recorded (relative timers, a timeout)."""
         relative = any(isinstance(s, TimerWait) and s.at is None for s in self.names.values())
@@ -128,7 +135,14 @@ async def wait(ctx: RunContext, base: str, kind: str, plan: Plan) -> tuple[str, 
     slot = ctx.slot(base, kind)
     recorded = slot.recorded
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
-        return _decode(ctx, recorded, recorded.result)
+        won, value = _decode(ctx, recorded, recorded.result)
+        if not plan.knows(won):  # the code changed what it waits for: not this history's
+            raise ctx.abandon(ctx.divergence(
+                f"the recorded {recorded.name!r} at position {recorded.at} was won by {won!r}, "
+                f"which this code does not wait for there", recorded.at,
+                (recorded.name, slot.name),
+            ))  # fmt: skip
+        return won, value
     clock = ctx.engine.clock
     if recorded is not None and recorded.started_at is not None:
         started = recorded.started_at  # a restart keeps the time left, it does not restart it
@@ -141,14 +155,21 @@ async def wait(ctx: RunContext, base: str, kind: str, plan: Plan) -> tuple[str, 
     deadline = plan.deadline(started)
     keys = plan.mailbox()
     done = slot.checkpoint(CheckpointStatus.COMPLETED, attempts=1, started_at=started)
+    since = clock.now()  # the run is held in memory for a while from here, not from each park
+    engine = ctx.engine
     while True:
-        outcome = await _ready(ctx, plan, keys, done, started)
-        if outcome is not None:
-            await _replay_if_forced(ctx)
-            return outcome
-        # Until news for the run (an event, a child's end) or the deadline; held in memory a
-        # short while, then suspended with the other waits of the run (suspension.py).
-        await park(ctx, keys=keys, deadline=deadline)
+        # Registered before the mailbox is read: news that comes meanwhile is not lost.
+        news = engine.wake_future(ctx.run_id)
+        try:
+            outcome = await _ready(ctx, plan, keys, done, started)
+            if outcome is not None:
+                await _replay_if_forced(ctx)
+                return outcome
+            # Until news for the run (an event, a child's end) or the deadline; held in memory
+            # a short while, then suspended with the other waits of the run (suspension.py).
+            await park(ctx, keys=keys, deadline=deadline, since=since, news=news)
+        finally:
+            engine.drop_wake_future(ctx.run_id, news)
 
 
 async def _ready(
@@ -245,7 +266,7 @@ async def wait_any(waits: dict[str, WaitSpec], *, timeout: timedelta | None = No
             return Winner(name, _child_value(ctx, spec, value))
         if won == f"tether:timer:{name}":
             return Winner(name)
-    raise ConfigurationError(f"wait_any recorded {won!r}, which none of {list(specs)} matches")
+    raise AssertionError(f"wait_any: {won!r} matches none of {list(specs)}")  # see Plan.knows
 
 
 async def join(ctx: RunContext, spec: ChildWait) -> Any:

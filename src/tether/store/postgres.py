@@ -538,11 +538,16 @@ class PostgresStore(
 
     async def cancel_run(self, run_id: str, error: str, now: float) -> RunRecord:
         async def op(c: Conn) -> RunRecord:
-            if await (await c.execute(_Q["get_run"], {"id": run_id})).fetchone() is None:
-                raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
             todo = [run_id]
             while todo:  # the run, then its unfinished descendants
                 current = todo.pop()
+                # Locked first: a suspension committing meanwhile is seen (not a cancel of a
+                # row that was running in this statement's snapshot and waiting by its end).
+                locked = await c.execute(_Q["lock_run_status"], {"id": current})
+                if await locked.fetchone() is None and current == run_id:
+                    raise RunNotFound(
+                        f"no run has id {run_id!r}; check the id with `tether runs list`"
+                    )
                 args = {"id": current, "error": error, "now": now}
                 row = await (await c.execute(_Q["cancel_unowned"], args)).fetchone()
                 if row is None:
