@@ -5,8 +5,6 @@ steps, nested gathers in task groups, children of children, crashes mid-gather, 
 changes inside branches. Every test counts step bodies through side-effect counters and checks
 that each call got its own result; the `make_app` tests run on SQLite normally and in the
 forced-replay mode (which replays the run from the store after every checkpoint).
-
-Tests marked xfail(strict=True) show bugs: see their reasons.
 """
 
 from __future__ import annotations
@@ -748,18 +746,6 @@ async def _until_ended_not_held(app: tether.App, handle: tether.RunHandle[object
 # -- completion order observed by workflow code ----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "LIMITATION (docs/semantics.md, Workflow code rules): replay hands every recorded "
-        "outcome back at once (step.py _from_history / "
-        "waits.wait return without yielding), so replayed tasks end in creation order, not in "
-        "the order they ended on the first execution (recorded in finished_at/seq but unused). "
-        "Workflow code that observes completion order (asyncio.as_completed, an asyncio.Queue "
-        "fed by gathered branches, asyncio.wait FIRST_COMPLETED once the loser has also ended) "
-        "takes another path on replay: the next step's arguments differ and the run is held"
-    ),
-)
 @pytest.mark.parametrize("observer", ["as_completed", "queue", "first_completed"])
 async def test_code_that_observes_which_branch_ended_first_replays(
     plain_app: Callable[[], tether.App], observer: str

@@ -6,8 +6,6 @@ and child runs in several tasks, recorded helpers in tasks, old histories replay
 step body completed exactly once, on every backend and in forced-replay mode (which replays the
 run from the store after every checkpoint). Step bodies sleep for varied times so that they
 complete in another order than they were called.
-
-Tests marked xfail(strict=True) show bugs of the library; the reason names the cause.
 """
 
 from __future__ import annotations
@@ -417,12 +415,6 @@ async def test_a_branch_cancelled_by_the_workflow_after_another_completes(
     assert kit.ran["l1"] <= 1  # forced replay lets l1 finish
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "LIMITATION (docs/semantics.md, Workflow code rules): a recorded step call returns "
-    "without yielding, so on replay the root cancels the "
-    "task before its first turn; the task's recorded step (taken while the root awaited a "
-    "step body the first time) is never asked for again and the run is held as diverged "
-    "(suspension.look -> ctx.unreplayed), though the code is unchanged"))  # fmt: skip
 async def test_a_task_cancelled_before_its_first_turn_on_replay(make_app: MakeApp) -> None:
     app = make_app()
     kit = Kit(app)
@@ -445,21 +437,12 @@ async def test_a_task_cancelled_before_its_first_turn_on_replay(make_app: MakeAp
     kit.once("side", "main")
 
 
-FIRE_AND_FORGET_BUG = (
-    "LIMITATION (docs/semantics.md, Workflow code rules): a recorded step call returns "
-    "without yielding, so the replayed root returns before "
-    "the fire-and-forget task's first turn; runner._body finds its recorded step never asked "
-    "for (ctx.unreplayed) and holds the run though the code is unchanged"
-)
-
-
 async def test_a_workflow_returning_while_a_fire_and_forget_task_runs_steps(
-    make_app: MakeApp, mode: tuple[str, bool], request: pytest.FixtureRequest
+    make_app: MakeApp,
 ) -> None:
-    """Only a replay shows the bug (a crash after both tasks recorded a step, or forced
-    replay): the modes that do not replay pass."""
-    if mode[1]:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=FIRE_AND_FORGET_BUG))
+    """A replay (forced, or after a crash once both tasks recorded a step) hands the root's
+    recorded step back only after the task's, which came first: the task's step is asked for
+    again before the root returns."""
     app = make_app()
     kit = Kit(app)
 

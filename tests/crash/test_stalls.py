@@ -95,6 +95,21 @@ def outcome(db: str, side: Path, run_id: str, timeout: float = 40.0) -> tuple[Ru
     return asyncio.run(go())
 
 
+def step_status(db: str, side: Path, run_id: str, name: str) -> str | None:
+    """The status of the run's checkpoint `name` in the database (None: not written)."""
+
+    async def go() -> str | None:
+        app = make_app(db, side, role="client")
+        try:
+            await app.open()
+            history = await app.engine.store.load_history(run_id)
+            return next((c.status.value for c in history if c.name == name), None)
+        finally:
+            await app.close()
+
+    return asyncio.run(go())
+
+
 def journal(side: Path) -> list[tuple[str, str]]:
     return [(line.split()[0], line.split()[2]) for line in read_lines(side / "journal.txt")]
 
@@ -136,6 +151,8 @@ def test_a_worker_frozen_in_a_retry_wait_past_its_lease_does_not_run_the_step_ag
     first = workers.start("first")
     start_run(db_url, tmp_path, "again", run_id="a")
     wait_for((tmp_path / f"failed-{first.pid}").exists, "the first attempt's failure")
+    # Stopped once the failure is recorded: in its retry's delay.
+    wait_for(lambda: step_status(db_url, tmp_path, "a", "flake") == "retrying", "its record")
     os.kill(first.pid, signal.SIGSTOP)
     try:
         workers.start("second")

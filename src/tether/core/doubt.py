@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from tether.core.context import _STEP, StepContext
 from tether.core.execution import RunContext, Slot
 from tether.core.lease import gone
-from tether.core.suspension import park
+from tether.core.suspension import park, turn
 from tether.errors import StepOutcomeUnknown, StepTimeout
 from tether.serde import encode_error
 from tether.store.base import Checkpoint, CheckpointStatus, Lease
@@ -211,6 +211,7 @@ async def _unknown(ctx: RunContext, slot: Slot, attempts: int, error: Exception)
                                     error=json.dumps(stored),
                                     finished_at=ctx.engine.clock.now()))  # fmt: skip
     ctx.failed_at(error, slot.position)
+    await turn(ctx, slot.seq)  # an outcome like any other (turns.py)
     raise error
 
 

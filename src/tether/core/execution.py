@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tether.core.context import _STEP
 from tether.core.positions import _FRAME, Frame, here, runnable
 from tether.core.signals import Abandon, ReplayNow, Signal
+from tether.core.turns import Turns
 from tether.errors import (
     LeaseLost,
     NonDeterminismError,
@@ -124,9 +125,11 @@ class RunContext:
     # Since when (the loop's clock) the replay has looked diverged while some task waits on
     # something other than Tether (see suspension.look).
     foreign_since: float | None = None
+    turns: Turns = field(init=False)  # the order outcomes reach the tasks in (turns.py)
     raised: dict[int, tuple[BaseException, str]] = field(default_factory=dict)  # by id(exc)
 
     def __post_init__(self) -> None:
+        self.turns = Turns(self.history.values())
         if self.history:
             self.unrequested = set(self.history)
             self.next_seq = max(c.seq for c in self.history.values()) + 1
@@ -244,6 +247,20 @@ class RunContext:
                 f"{_shown(recorded.args)}, this code passes {_shown(args)}")  # fmt: skip
         return self.divergence(what, at, (recorded.name, name))
 
+    def unhanded(self) -> NonDeterminismError | None:
+        """The divergence when every task waits but a recorded outcome that was asked for is
+        not awaited by its task (so no later one can be handed back), if any."""
+        seq = self.turns.first()
+        if seq is None or seq not in self.turns.recorded:
+            return None
+        found = next(c for c in self.history.values() if c.seq == seq)
+        return self.divergence(
+            f"this code never awaited the recorded outcome of {found.name!r} at position "
+            f"{found.at} while its other tasks waited for their turn after it",
+            found.at,
+            (found.name, None),
+        )
+
     def unreplayed(self) -> NonDeterminismError | None:
         """The divergence when recorded checkpoints were never asked for again, if any."""
         if not self.unrequested:
@@ -280,10 +297,10 @@ class RunContext:
         and meet the execution's end if it is ending."""
         if self.ending is not None:
             await self.meet_end()
-        if self.unrequested or self.replay_only:
+        if self.unrequested or self.replay_only or self.turns.recorded:
             from tether.core.suspension import park
 
-            while self.unrequested or self.replay_only:
+            while self.unrequested or self.replay_only or self.turns.recorded:
                 await park(self, frontier=True)
 
     async def before_effect(self) -> None:
@@ -337,6 +354,7 @@ class RunContext:
         if self.ending is not None and isinstance(self.ending, Abandon):
             raise self.ending
         store, clock = self.engine.store, self.engine.clock
+        checkpoint = self.turns.stamp(checkpoint, clock.now())
         pending = self.pending
         self.pending = []
 
@@ -359,7 +377,11 @@ class RunContext:
             )
             return None if written else MISSING
 
-        await self.durable(call, read_back)
+        try:
+            await self.durable(call, read_back)
+        except BaseException:
+            self.turns.handed(checkpoint.seq)  # no outcome to wait for
+            raise
         for done in pending:
             self.history[done.at] = done
         self.history[checkpoint.position or checkpoint.at] = checkpoint
@@ -372,6 +394,7 @@ class RunContext:
         if self.pending:
             await self.flush()
         store = self.engine.store
+        done = self.turns.stamp(done, now)
 
         async def call() -> str | None:
             return await store.take_event(self.lease, keys, done, self.engine.clock.now())
@@ -382,9 +405,15 @@ class RunContext:
             found = {c.at: c for c in await store.load_history(self.run_id)}.get(done.at)
             return found.result if found is not None else MISSING
 
-        taken = await self.durable(call, read_back)
+        try:
+            taken = await self.durable(call, read_back)
+        except BaseException:
+            self.turns.handed(done.seq)
+            raise
         if taken is not None:
             self.recorded(done)
+        else:
+            self.turns.handed(done.seq)  # nothing taken: no outcome yet
         return None if taken is None else str(taken)
 
     async def durable(
@@ -399,7 +428,8 @@ class RunContext:
         # Once the workflow's code is done, the runner's own writes (the helpers flushed as
         # it suspends) go on: there is no task left to meet the end.
         if (not inside and self.executing
-                and (self.ending is not None or self.unrequested or self.replay_only)):  # fmt: skip
+                and (self.ending is not None or self.unrequested or self.replay_only
+                     or self.turns.recorded)):  # fmt: skip
             await self.at_frontier()
         if self.ending is not None and isinstance(self.ending, Abandon):
             raise self.ending

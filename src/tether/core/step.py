@@ -34,7 +34,7 @@ from tether.core.doubt import (
 from tether.core.execution import Busy, RunContext, Slot, arguments
 from tether.core.observe import StepOutcome
 from tether.core.retry import Retry
-from tether.core.suspension import park
+from tether.core.suspension import park, turn
 from tether.core.workflow import type_hints
 from tether.errors import ConfigurationError, StepInterrupted, StepTimeout
 from tether.serde import Serde, encode_error, rebuild_error
@@ -150,6 +150,7 @@ async def _execute(
     if recorded is not None:
         found = await _from_history(step, ctx, slot, args, kwargs, f"result of step {slot.name!r}")
         if found is not NOT_DONE:
+            await turn(ctx, slot.seq)  # in the order outcomes reached the tasks (turns.py)
             return found
         attempts = recorded.attempts
         if recorded.status is CheckpointStatus.STARTED and step.at_most_once:
@@ -163,6 +164,7 @@ async def _execute(
                                            _UNWATCHED, interrupted)  # fmt: skip
             if verdict.retry_at is None:
                 assert verdict.error is not None
+                await turn(ctx, slot.seq)
                 raise verdict.error
             await wait_until(ctx, verdict.retry_at)
     return await _attempts(step, ctx, slot, attempts, args, kwargs, commit)
@@ -211,7 +213,13 @@ async def _attempts(
 ) -> Any:
     """Attempts of the step's body after the `attempts` made before, each recorded, until one
     completes (its value returned), or one fails for good (raised)."""
-    if ctx.ending is not None or ctx.unrequested or ctx.replay_only or ctx.pending:
+    if (
+        ctx.ending is not None
+        or ctx.unrequested
+        or ctx.replay_only
+        or ctx.pending
+        or ctx.turns.recorded
+    ):
         await ctx.before_effect()  # nothing new before the whole history replayed
     clock, serde = ctx.engine.clock, ctx.engine.serde
     what = f"result of step {slot.name!r}"
@@ -256,21 +264,21 @@ async def _attempts(
         except BaseException as exc:
             watch.ended(StepOutcome.INTERRUPTED, exc)  # cancelled, or the run was abandoned
             raise
-        if verdict is None:
-            assert done is not None
-            if watch is not _UNWATCHED:
-                watch.ended(StepOutcome.COMPLETED, None)
-            if forced:
-                await ctx.replay_now()
-            return _returned(step, ctx, done, value, what)
+        if verdict is None and watch is not _UNWATCHED:
+            watch.ended(StepOutcome.COMPLETED, None)
         if forced:
             await ctx.replay_now()
+        if verdict is not None and verdict.found is NOT_DONE and verdict.retry_at is not None:
+            await wait_until(ctx, verdict.retry_at)  # the next attempt, after its delay
+            continue
+        await turn(ctx, slot.seq)  # the outcome reaches the task in its turn (turns.py)
+        if verdict is None:
+            assert done is not None
+            return _returned(step, ctx, done, value, what)
         if verdict.found is not NOT_DONE:
             return verdict.found  # reconciled
-        if verdict.retry_at is None:
-            assert verdict.error is not None
-            raise verdict.error
-        await wait_until(ctx, verdict.retry_at)
+        assert verdict.error is not None
+        raise verdict.error
 
 
 class _Watch:
@@ -400,6 +408,7 @@ async def _from_history(
     if recorded.status is CheckpointStatus.FAILED:
         error = rebuild_error(ctx.decode(recorded, lambda: json.loads(recorded.error or "{}")))
         ctx.failed_at(error, slot.position)
+        await turn(ctx, slot.seq)
         raise error
     if recorded.status is CheckpointStatus.RETRYING:
         if recorded.retry_at is not None:

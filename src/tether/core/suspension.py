@@ -37,8 +37,9 @@ class Park:
     keys: tuple[str, ...] = ()  # mailbox keys whose arrival is news
     deadline: float | None = None  # when its timer fires (the engine's clock)
     hold_until: float = 0.0  # until when it may keep the run in memory
-    frontier: bool = False  # it waits for the replay frontier
+    frontier: bool = False  # it waits for the replay frontier (or for its turn)
     timer: asyncio.Task[None] | None = field(default=None)
+    turn: int | None = None  # the seq of the outcome it waits to be handed (see turn)
 
     def wake(self) -> None:
         if not self.future.done():
@@ -57,12 +58,14 @@ async def park(
     frontier: bool = False,
     since: float | None = None,
     news: asyncio.Future[object] | None = None,
+    turn: int | None = None,
 ) -> None:
     """Wait until this task may have news: an event for the run or a child's end (the run is
     woken), `deadline`, or (frontier) every recorded checkpoint asked for. `since`: when the
     wait this park is part of began (news that was not for it does not hold the run longer);
     `news`: the run's wake future, registered before the caller looked for news (a wake-up
-    since then returns at once).
+    since then returns at once); `turn`: the seq of the outcome this task waits to be handed
+    (see turn).
     Raises the execution's end signal when it ends meanwhile (it suspends, replays, is
     abandoned)."""
     if ctx.delivered:
@@ -84,11 +87,14 @@ async def park(
     hold = 0.0 if crowded or frontier else engine.settings.inline_wait_max
     # Resolved by engine.wake(run id) as well: news for this run.
     future = news if news is not None else engine.wake_future(ctx.run_id)
+    frontier = frontier or turn is not None
     here = Park(task, future, tuple(keys), deadline, (now if since is None else since) + hold,
-                frontier)  # fmt: skip
+                frontier, turn=turn)  # fmt: skip
     if deadline is not None:
         here.timer = internal(_ring(here, clock, deadline - now))
     ctx.parks.add(here)
+    if turn is not None:
+        ctx.turns.gated += 1
     if first:
         engine.held_waits += 1
         worker = engine.worker
@@ -98,6 +104,8 @@ async def park(
     try:
         outcome = await future
     finally:
+        if turn is not None:
+            ctx.turns.gated -= 1
         ctx.parks.discard(here)
         if not ctx.parks:
             engine.held_waits -= 1
@@ -114,9 +122,50 @@ async def _ring(here: Park, clock: Any, seconds: float) -> None:
     here.wake()
 
 
+async def turn(ctx: RunContext, seq: int) -> None:
+    """Until the outcome at `seq` (recorded, or just written) may reach its task: once every
+    outcome ranked before it did, and no other workflow task can run (turns.py). Right away
+    in the common case (one task, or the outcome is the first and the others wait)."""
+    turns = ctx.turns
+    if seq not in turns.ranked:
+        return  # not ranked (an older history): handed as it comes
+    try:
+        while turns.first() != seq or _others_run(ctx):
+            await park(ctx, turn=seq)
+    finally:
+        replaying = bool(turns.recorded)
+        turns.handed(seq)
+        if replaying and not turns.recorded and not ctx.unrequested:
+            ctx.frontier_reached()  # the last recorded outcome was handed: the replay is over
+        if turns.gated:
+            ctx.look()  # the next outcome's turn, once this task waits again
+
+
+def _others_run(ctx: RunContext) -> bool:
+    """Whether a workflow task other than this one can run (or just finished)."""
+    me = asyncio.current_task()
+    return any(runnable(t) for t in ctx.live() if t is not me) or any(t.done() for t in ctx.tasks)
+
+
+def _serve(ctx: RunContext) -> bool:
+    """Hand the next outcome to its task if it waits for its turn and nothing else can run;
+    whether the look is done (or due again)."""
+    if any(runnable(task) for task in ctx.live()) or any(t.done() for t in ctx.tasks):
+        ctx.look()
+        return True
+    first = ctx.turns.first()
+    for here in ctx.parks:
+        if here.turn is not None and here.turn == first:
+            here.wake()
+            return True
+    return False  # its task has not asked for it yet: see what everything waits for
+
+
 def look(ctx: RunContext) -> None:
     """Called soon after anything changed: a task parked, an I/O ended, a task finished."""
     ctx.checking = None
+    if ctx.turns.gated and ctx.ending is None and ctx.executing and _serve(ctx):
+        return
     if ctx.ending is not None:
         if ctx.delivered and ctx.busy == 0 and ctx.unwind():
             ctx.look()  # a task about to run meets the ending; look again after it ran
@@ -130,7 +179,7 @@ def look(ctx: RunContext) -> None:
         ctx.look()  # the next loop turn: what runs now may park, or do I/O, or finish
         return
     # Every workflow task waits, and nothing is busy.
-    diverged = ctx.unreplayed()
+    diverged = ctx.unreplayed() or ctx.unhanded()
     if diverged is None or not _foreign(ctx):
         ctx.foreign_since = None
     elif _grace(ctx):  # a task waits on a timer of its own, say: it may still ask for it

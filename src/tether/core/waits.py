@@ -17,7 +17,7 @@ from typing import Any
 
 from tether.core.context import current_run
 from tether.core.execution import RunContext
-from tether.core.suspension import park
+from tether.core.suspension import park, turn
 from tether.errors import ConfigurationError, RunCancelled, RunDead, RunFailed
 from tether.store.base import Checkpoint, CheckpointStatus, RunStatus, child_key
 
@@ -142,6 +142,7 @@ async def wait(ctx: RunContext, base: str, kind: str, plan: Plan) -> tuple[str, 
                 f"which this code does not wait for there", recorded.at,
                 (recorded.name, slot.name),
             ))  # fmt: skip
+        await turn(ctx, slot.seq)  # in the order outcomes reached the tasks (turns.py)
         return won, value
     clock = ctx.engine.clock
     if recorded is not None and recorded.started_at is not None:
@@ -164,6 +165,7 @@ async def wait(ctx: RunContext, base: str, kind: str, plan: Plan) -> tuple[str, 
             outcome = await _ready(ctx, plan, keys, done, started)
             if outcome is not None:
                 await _replay_if_forced(ctx)
+                await turn(ctx, slot.seq)
                 return outcome
             # Until news for the run (an event, a child's end) or the deadline; held in memory
             # a short while, then suspended with the other waits of the run (suspension.py).
