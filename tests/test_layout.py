@@ -4,6 +4,7 @@ module headers and sizes, and no hidden sources of time or randomness in the eng
 from __future__ import annotations
 
 import ast
+import concurrent.futures
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,7 @@ PUBLIC = {
     "SerializationError",
     "Step",
     "StepFailed",
+    "StepInterrupted",
     "StepOutcomeUnknown",
     "StepTimeout",
     "StoreUnavailable",
@@ -179,7 +181,7 @@ def module_name(path: Path) -> str:
 def tether_imports(path: Path) -> list[str]:
     """Modules of tether imported by this file, at any depth (lazy imports count too)."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(_parse(path.read_text())):
         if isinstance(node, ast.Import):
             found += [a.name for a in node.names if a.name.split(".")[0] == "tether"]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -228,7 +230,7 @@ def test_core_imports_no_backend_and_no_web_framework(path: Path) -> None:
         "uvicorn",
     )
     source = path.read_text()
-    tree = ast.parse(source)
+    tree = _parse(source)
     for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.Import):
@@ -242,12 +244,20 @@ def test_core_imports_no_backend_and_no_web_framework(path: Path) -> None:
         assert pattern not in source, f"{module_name(path)} uses {pattern}"
 
 
+def _parse(source: str) -> ast.Module:
+    """ast.parse in a thread of its own: CPython 3.11 can raise a spurious SystemError ("AST
+    constructor recursion depth mismatch", python/cpython#106905) in a thread that unwound deep
+    recursion before, as the suite's deep-payload tests do."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(ast.parse, source).result()
+
+
 @pytest.mark.parametrize("path", MODULES, ids=[module_name(p) for p in MODULES])
 def test_every_module_opens_with_its_role_and_stays_small(path: Path) -> None:
     source = path.read_text()
     if not source.strip():
         return  # an empty package marker
-    doc = ast.get_docstring(ast.parse(source))
+    doc = ast.get_docstring(_parse(source))
     assert doc, f"{module_name(path)} has no docstring saying its role"
     assert len(source.splitlines()) <= 650, f"{module_name(path)} wants splitting"
 

@@ -21,6 +21,16 @@ import tether
 from tether.store.base import RunStatus
 
 MakeApp = Callable[..., tether.App]
+# Three of the suite's modes: the store's two engines, and forced replay on one (the memory
+# store runs the same engine code as SQLite; the suite is kept within its time).
+ATTACK_MODES = [("sqlite", False), ("postgres", False), ("sqlite", True)]
+
+
+@pytest.fixture(params=ATTACK_MODES, ids=[f"{b}{'-replay' if r else ''}" for b, r in ATTACK_MODES])
+def mode(request: pytest.FixtureRequest) -> tuple[str, bool]:
+    return request.param  # type: ignore[no-any-return]
+
+
 MS = timedelta(milliseconds=1)
 DONE = (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.DEAD,
         RunStatus.HELD)  # fmt: skip
