@@ -129,7 +129,7 @@ class RunContext:
     raised: dict[int, tuple[BaseException, str]] = field(default_factory=dict)  # by id(exc)
 
     def __post_init__(self) -> None:
-        self.turns = Turns(self.history.values())
+        self.turns = Turns(self.history.values() if self.history else ())
         if self.history:
             self.unrequested = set(self.history)
             self.next_seq = max(c.seq for c in self.history.values()) + 1
@@ -354,7 +354,7 @@ class RunContext:
         if self.ending is not None and isinstance(self.ending, Abandon):
             raise self.ending
         store, clock = self.engine.store, self.engine.clock
-        checkpoint = self.turns.stamp(checkpoint, clock.now())
+        checkpoint = self.turns.stamp(checkpoint, clock, not self.tasks)
         pending = self.pending
         self.pending = []
 
@@ -394,7 +394,7 @@ class RunContext:
         if self.pending:
             await self.flush()
         store = self.engine.store
-        done = self.turns.stamp(done, now)
+        done = self.turns.stamp(done, self.engine.clock, not self.tasks)
 
         async def call() -> str | None:
             return await store.take_event(self.lease, keys, done, self.engine.clock.now())

@@ -51,6 +51,7 @@ class Fence:
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
+        self._clock = worker.engine.clock  # read before every step attempt (holds)
         # No lease of this worker runs out before this (on the database's clock): it started
         # now, and every heartbeat that succeeds extends all of its leases.
         self.valid_until = worker.engine.clock.now() + worker.lease_duration
@@ -65,7 +66,7 @@ class Fence:
 
     def holds(self) -> bool:
         """Whether this worker's loop knows its leases to hold now."""
-        return self.worker.engine.clock.now() < self.confirmed_until
+        return self._clock.now() < self.confirmed_until
 
     async def confirmed(self) -> None:
         """Until a heartbeat confirms the leases (a run lost meanwhile is stopped instead:

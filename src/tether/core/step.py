@@ -186,11 +186,6 @@ async def _mark(
     return retry_at - clock.now()
 
 
-def _held_back(ctx: RunContext) -> bool:
-    fence = ctx.engine.fence
-    return ctx.ending is not None or (fence is not None and not fence.holds())
-
-
 async def _before_attempt(ctx: RunContext) -> None:
     """No new attempt once the execution ends; none while this worker's leases are not known
     to hold (it was stopped past them: is the run still its own?)."""
@@ -223,10 +218,10 @@ async def _attempts(
         await ctx.before_effect()  # nothing new before the whole history replayed
     clock, serde = ctx.engine.clock, ctx.engine.serde
     what = f"result of step {slot.name!r}"
-    forced = ctx.engine.settings.force_replay
     while True:
         attempts += 1
-        if _held_back(ctx):
+        # No attempt once the execution ends, nor while the leases are not known to hold.
+        if ctx.ending is not None or ((f := ctx.engine.fence) is not None and not f.holds()):
             await _before_attempt(ctx)
         # This attempt's checkpoint, in whichever status it ends, and who watches it.
         watch = _Watch(ctx, step, slot.name, attempts) if ctx.engine.observer else _UNWATCHED
@@ -266,12 +261,13 @@ async def _attempts(
             raise
         if verdict is None and watch is not _UNWATCHED:
             watch.ended(StepOutcome.COMPLETED, None)
-        if forced:
+        if ctx.engine.settings.force_replay:
             await ctx.replay_now()
         if verdict is not None and verdict.found is NOT_DONE and verdict.retry_at is not None:
             await wait_until(ctx, verdict.retry_at)  # the next attempt, after its delay
             continue
-        await turn(ctx, slot.seq)  # the outcome reaches the task in its turn (turns.py)
+        if slot.seq in ctx.turns.ranked:  # not handed at once (see suspension.at_once)
+            await turn(ctx, slot.seq)  # the outcome reaches the task in its turn (turns.py)
         if verdict is None:
             assert done is not None
             return _returned(step, ctx, done, value, what)

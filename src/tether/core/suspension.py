@@ -122,23 +122,41 @@ async def _ring(here: Park, clock: Any, seconds: float) -> None:
     here.wake()
 
 
+def at_once(ctx: RunContext, seq: int) -> bool:
+    """Whether the outcome at `seq` reached its task at once (see turn): it is not kept (an
+    older history, or written while the workflow had one task), or the workflow has one task
+    (an outcome ranked before it would be another task's, which exists until it was handed)."""
+    turns = ctx.turns
+    if seq not in turns.ranked:
+        return True
+    if not ctx.tasks:
+        _hand(ctx, seq)
+        return True
+    return False
+
+
 async def turn(ctx: RunContext, seq: int) -> None:
     """Until the outcome at `seq` (recorded, or just written) may reach its task: once every
     outcome ranked before it did, and no other workflow task can run (turns.py). Right away
-    in the common case (one task, or the outcome is the first and the others wait)."""
+    in the common case (see at_once)."""
+    if at_once(ctx, seq):
+        return
     turns = ctx.turns
-    if seq not in turns.ranked:
-        return  # not ranked (an older history): handed as it comes
     try:
         while turns.first() != seq or _others_run(ctx):
             await park(ctx, turn=seq)
     finally:
-        replaying = bool(turns.recorded)
-        turns.handed(seq)
-        if replaying and not turns.recorded and not ctx.unrequested:
-            ctx.frontier_reached()  # the last recorded outcome was handed: the replay is over
-        if turns.gated:
-            ctx.look()  # the next outcome's turn, once this task waits again
+        _hand(ctx, seq)
+
+
+def _hand(ctx: RunContext, seq: int) -> None:
+    turns = ctx.turns
+    replaying = bool(turns.recorded)
+    turns.handed(seq)
+    if replaying and not turns.recorded and not ctx.unrequested:
+        ctx.frontier_reached()  # the last recorded outcome was handed: the replay is over
+    if turns.gated:
+        ctx.look()  # the next outcome's turn, once this task waits again
 
 
 def _others_run(ctx: RunContext) -> bool:

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterable
-from dataclasses import replace
 
+from tether.clock import Clock
 from tether.store.base import Checkpoint, CheckpointStatus
 
 # The kinds of checkpoint whose outcome a task awaits (their order is observable); recorded
@@ -30,7 +30,14 @@ class Turns:
     __slots__ = ("gated", "heap", "last", "ranked", "recorded")
 
     def __init__(self, history: Iterable[Checkpoint]) -> None:
-        self.ranked: dict[int, float] = {
+        self.gated = 0  # tasks parked until their turn
+        if not history:  # a new run (most): nothing recorded to hand back
+            self.ranked: dict[int, float] = {}
+            self.heap: list[tuple[float, int]] = []
+            self.last = 0.0
+            self.recorded: set[int] = set()
+            return
+        self.ranked = {
             c.seq: c.finished_at
             for c in history
             if c.kind in TURN_KINDS and c.status in _HANDED and c.finished_at is not None
@@ -38,20 +45,30 @@ class Turns:
         self.heap = [(rank, seq) for seq, rank in self.ranked.items()]
         heapq.heapify(self.heap)
         self.last = max(self.ranked.values(), default=0.0)
-        self.gated = 0  # tasks parked until their turn
         # Recorded outcomes not handed back yet: until then the replay is not over (nothing
         # new happens: a new wait would read a mailbox the first execution saw earlier).
         self.recorded = set(self.ranked)
 
-    def stamp(self, checkpoint: Checkpoint, now: float) -> Checkpoint:
-        """`checkpoint` as it is written: an outcome a task awaits is ranked after every
-        outcome before it (a clock that went back, or another worker's, changes nothing)."""
-        if checkpoint.kind not in TURN_KINDS or checkpoint.status not in _HANDED:
-            return checkpoint
-        rank = self.last = max(now, self.last + _STEP)
-        self.ranked[checkpoint.seq] = rank
-        heapq.heappush(self.heap, (rank, checkpoint.seq))
-        return replace(checkpoint, finished_at=rank)
+    def stamp(self, c: Checkpoint, clock: Clock, alone: bool) -> Checkpoint:
+        """`c` as it is written: an outcome a task awaits is ranked after every outcome before
+        it (a clock that went back, or another worker's, changes nothing). `alone`: the
+        workflow has no task but the one awaiting it, which takes it at once (not kept)."""
+        if c.kind not in TURN_KINDS or c.status not in _HANDED:
+            return c
+        rank = c.finished_at
+        fits = rank is not None and rank > self.last  # the common case: kept as it is
+        if not fits:
+            rank = max(clock.now(), self.last + _STEP)
+        assert rank is not None
+        self.last = rank
+        if not alone:
+            self.ranked[c.seq] = rank
+            heapq.heappush(self.heap, (rank, c.seq))
+        if fits:
+            return c
+        # Built field by field: dataclasses.replace costs several times more on this path.
+        return Checkpoint(c.seq, c.name, c.kind, c.status, c.result, c.error, c.attempts,
+                          c.started_at, rank, c.retry_at, c.position, c.args)  # fmt: skip
 
     def first(self) -> int | None:
         """The seq of the outcome whose turn it is (None: none is waiting to be handed)."""

@@ -167,6 +167,8 @@ class Worker:
         """How many more runs this worker may execute now. Runs holding a short wait in
         memory while nothing of theirs runs (no step body, no I/O) do not count: they execute
         nothing, and they are few (max_held_waits)."""
+        if not self.engine.held_waits:  # no run parks a wait: nothing to look for
+            return self.engine.settings.concurrency - len(self.runners)
         runners = self.runners.values()
         waiting = sum(
             1 for r in runners if (ctx := r.ctx) is not None and ctx.parks and not ctx.busy
