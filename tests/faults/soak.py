@@ -337,6 +337,7 @@ async def serve(db: str, side_dir: str) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    (Path(side_dir) / f"ready-{os.getpid()}").touch()  # SIGTERM is handled from here on
     async with make_app(db, side_dir):
         await stop.wait()
 

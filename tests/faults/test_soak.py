@@ -165,6 +165,12 @@ class Workers:
     def stop(self) -> list[int]:
         self.thaw(everyone=True)
         for proc in self.procs:
+            # A worker respawned just now may not handle SIGTERM yet (still starting Python):
+            # told to stop only once it can, so that its exit code says how it stopped.
+            deadline = time.monotonic() + 30
+            ready = self.side / f"ready-{proc.pid}"
+            while proc.poll() is None and not ready.exists() and time.monotonic() < deadline:
+                time.sleep(0.01)
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
         codes = []
