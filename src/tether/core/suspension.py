@@ -143,7 +143,7 @@ async def turn(ctx: RunContext, seq: int) -> None:
         return
     turns = ctx.turns
     try:
-        while turns.first() != seq or _others_run(ctx):
+        while turns.first() != seq or _moving(ctx, but=asyncio.current_task()):
             await park(ctx, turn=seq)
     finally:
         _hand(ctx, seq)
@@ -159,16 +159,16 @@ def _hand(ctx: RunContext, seq: int) -> None:
         ctx.look()  # the next outcome's turn, once this task waits again
 
 
-def _others_run(ctx: RunContext) -> bool:
-    """Whether a workflow task other than this one can run (or just finished)."""
-    me = asyncio.current_task()
-    return any(runnable(t) for t in ctx.live() if t is not me) or any(t.done() for t in ctx.tasks)
+def _moving(ctx: RunContext, but: asyncio.Task[Any] | None = None) -> bool:
+    """Whether a workflow task (other than `but`) can run, or just finished: a task still
+    among ctx.tasks once done has not run its done-callbacks, which wake whoever awaits it."""
+    return any(runnable(t) for t in ctx.live() if t is not but) or any(t.done() for t in ctx.tasks)
 
 
 def _serve(ctx: RunContext) -> bool:
     """Hand the next outcome to its task if it waits for its turn and nothing else can run;
     whether the look is done (or due again)."""
-    if any(runnable(task) for task in ctx.live()) or any(t.done() for t in ctx.tasks):
+    if _moving(ctx):
         ctx.look()
         return True
     first = ctx.turns.first()
@@ -190,9 +190,7 @@ def look(ctx: RunContext) -> None:
         return
     if ctx.busy or not ctx.parks or not ctx.executing:
         return  # busy: looked at again when the I/O ends; no park: nothing waits on Tether
-    # A task that finished (still among ctx.tasks: its done-callbacks have not run yet) is
-    # about to wake whoever awaits it.
-    if any(runnable(task) for task in ctx.live()) or any(t.done() for t in ctx.tasks):
+    if _moving(ctx):
         ctx.foreign_since = None  # it goes on: a grace starts anew
         ctx.look()  # the next loop turn: what runs now may park, or do I/O, or finish
         return
