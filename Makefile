@@ -35,12 +35,14 @@ crash-demo: install
 
 bench: install
 	$(BIN)/python bench/engine.py
+	$(BIN)/python -m bench.postgres
 	$(BIN)/python bench/waits.py
 	$(BIN)/python bench/approvals.py
 	$(BIN)/python bench/streams.py
 	$(BIN)/python bench/langgraph.py
 	$(BIN)/python -m bench.transactions
 	$(BIN)/python -m bench.retention
+	$(BIN)/python -m bench.peers  # peers from a scratch venv (bench/peers.py says how); skipped without
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

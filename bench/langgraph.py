@@ -37,7 +37,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver  # noqa: E402
 from langgraph.graph import END, START, StateGraph  # noqa: E402
 
 from tether.integrations.langgraph import TetherSaver  # noqa: E402
-from tether.store.sqlite_commit import parse_sqlite_url  # noqa: E402
+from tether.store.drivers.sqlite import parse_sqlite_url  # noqa: E402
 
 NODES = 10
 Runner = Callable[[list[str]], None]  # invokes the graph once per thread id given

@@ -23,7 +23,7 @@ from langgraph.graph import END, START, StateGraph
 
 import tether
 from tether.integrations.langgraph import TetherSaver
-from tether.store.sqlite_commit import parse_sqlite_url
+from tether.store.drivers.sqlite import parse_sqlite_url
 
 
 class Ticket(TypedDict, total=False):

@@ -15,8 +15,8 @@ from tests.postgres_server import postgres_server, with_schema
 
 import tether
 from tether.store import store_from_url
-from tether.store.base import Store
 from tether.store.memory import MemoryStore
+from tether.store.port import Store
 from tether.store.postgres import PostgresStore
 from tether.store.sqlite import SqliteStore
 

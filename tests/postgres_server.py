@@ -50,7 +50,10 @@ def _as_user() -> tuple[Callable[[], None] | None, int | None, int | None]:
 class LocalPostgres:
     """A cluster in a temporary folder, run as an unprivileged user when we are root."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, durable: bool = False) -> None:
+        # Tests run without fsync (their crashes are of processes, not of the machine);
+        # benchmarks run durable, as a deployment would (fsync, synchronous_commit=on).
+        self.durable = durable
         initdb, pg_ctl = _binary("initdb"), _binary("pg_ctl")
         if initdb is None or pg_ctl is None:
             raise FileNotFoundError("no initdb/pg_ctl on this machine")
@@ -79,7 +82,8 @@ class LocalPostgres:
                       "-E", "UTF8", "--no-sync")  # fmt: skip
         options = (
             f"-p {self.port} -c listen_addresses=127.0.0.1 "
-            f"-c unix_socket_directories={self.folder} -c fsync=off -c max_connections=200 "
+            f"-c unix_socket_directories={self.folder} -c fsync={'on' if self.durable else 'off'} "
+            "-c max_connections=200 "
             "-c shared_buffers=32MB"
         )
         self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.folder / "server.log"),

@@ -16,7 +16,7 @@ import pytest
 from tests.postgres_server import with_schema
 
 from tether.store import store_from_url
-from tether.store.base import RunRecord, WorkerInfo
+from tether.store.port import RunRecord, WorkerInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 LEASE = 1.5

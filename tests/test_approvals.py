@@ -18,7 +18,7 @@ import pytest
 
 import tether
 from tether import webhooks
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 from tether.testing import FakeClock, fake_app, run_until_idle
 
 MakeApp = Callable[..., tether.App]

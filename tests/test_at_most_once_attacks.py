@@ -27,7 +27,7 @@ import pytest
 
 import tether
 from tether.core import keepalive
-from tether.store.base import Checkpoint, CheckpointStatus, Lease, RunStatus
+from tether.store.port import Checkpoint, CheckpointStatus, Lease, RunStatus
 from tether.store.sqlite import SqliteStore
 
 T = TypeVar("T")

@@ -24,7 +24,7 @@ import pytest
 import tether
 from tether.clock import DatabaseClock
 from tether.errors import StoreUnavailable
-from tether.store.base import CheckpointStatus
+from tether.store.port import CheckpointStatus
 
 MakeApp = Callable[..., tether.App]
 # Two of the suite's modes: PostgreSQL, and forced replay on SQLite (which runs every first

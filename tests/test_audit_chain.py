@@ -8,14 +8,8 @@ import itertools
 
 import pytest
 
-from tether.store.approval_rows import (
-    ApprovalRecord,
-    AuditEntry,
-    Note,
-    audit_hash,
-    chain,
-    verify_chain,
-)
+from tether.store.audit import audit_hash, chain, verify_chain
+from tether.store.port.approvals import ApprovalRecord, AuditEntry, Note
 
 
 def trail(events: int = 4) -> tuple[ApprovalRecord, list[AuditEntry]]:

@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 
 import tether
 from tether.cli import cli
-from tether.store.base import Lease, NewRun, RunStatus
+from tether.store.port import Lease, NewRun, RunStatus
 from tether.store.sqlite import SqliteStore
 
 ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TETHER_DATABASE_URL": None}

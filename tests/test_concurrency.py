@@ -16,7 +16,7 @@ from datetime import timedelta
 import pytest
 
 import tether
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 
 MakeApp = Callable[..., tether.App]
 

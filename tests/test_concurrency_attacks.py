@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import tether
-from tether.store.base import CheckpointStatus, RunStatus
+from tether.store.port import CheckpointStatus, RunStatus
 from tether.store.sqlite import SqliteStore
 
 MakeApp = Callable[..., tether.App]

@@ -14,7 +14,7 @@ import pytest
 from tests.postgres_server import LocalPostgres
 
 import tether
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 
 pytestmark = pytest.mark.skipif(
     bool(os.environ.get("TETHER_TEST_POSTGRES_URL")),

@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 
 import tether
-from tether.store.base import CheckpointStatus, Lease, NewRun, RunStatus
+from tether.store.port import CheckpointStatus, Lease, NewRun, RunStatus
 
 MakeApp = Callable[..., tether.App]
 FAST = tether.Retry(max_attempts=3, initial_delay=timedelta(milliseconds=1), jitter=0)

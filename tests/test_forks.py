@@ -22,8 +22,8 @@ from click.testing import CliRunner, Result
 
 import tether
 from tether.cli import cli
-from tether.store.base import Checkpoint, CheckpointStatus, Lease, NewRun, Store
-from tether.store.value_rows import ForkRecord
+from tether.store.port import Checkpoint, CheckpointStatus, Lease, NewRun, Store
+from tether.store.port.values import ForkRecord
 
 MakeApp = Callable[..., tether.App]
 

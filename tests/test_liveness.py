@@ -12,8 +12,8 @@ from datetime import timedelta
 
 import tether
 from tether.core.lease import boot_id, dead_here, gone, pid_namespace, this_worker
-from tether.store.base import NewRun, RunStatus, WorkerInfo
 from tether.store.memory import MemoryStore
+from tether.store.port import NewRun, RunStatus, WorkerInfo
 
 
 def a_dead_pid() -> int:

@@ -20,9 +20,9 @@ from tests.postgres_server import with_schema
 import tether
 from tether.errors import ConfigurationError, NotInWorkflow, StepOutcomeUnknown
 from tether.store import store_from_url
-from tether.store.base import Lease, NewRun, Store, WorkerInfo
 from tether.store.memory import MemoryStore
-from tether.store.outbox_rows import (
+from tether.store.port import Lease, NewRun, Store, WorkerInfo
+from tether.store.port.outbox import (
     NewOutboxMessage,
     OutboxSettlement,
     OutboxStatus,

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 import tether
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 
 MakeApp = Callable[..., tether.App]
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from tether.core.resume import ending_failure
-from tether.store.base import Checkpoint, CheckpointStatus, RunRecord, RunStatus
+from tether.store.port import Checkpoint, CheckpointStatus, RunRecord, RunStatus
 
 
 def failed(seq: int, name: str, kind: str, message: str) -> Checkpoint:

@@ -21,9 +21,9 @@ from tests.postgres_server import with_schema
 import tether
 from tether import retention as retention_module
 from tether.retention import Retention
-from tether.store.base import Checkpoint, CheckpointStatus, Lease, NewRun, RunStatus
-from tether.store.retention_rows import START
-from tether.store.sqlite_commit import JOURNAL_SIZE_LIMIT
+from tether.store.drivers.sqlite import JOURNAL_SIZE_LIMIT
+from tether.store.port import Checkpoint, CheckpointStatus, Lease, NewRun, RunStatus
+from tether.store.port.retention import START
 from tether.testing import FakeClock
 
 DAY = timedelta(days=1)

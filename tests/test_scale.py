@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 import tether
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 
 RUNS = 10_000
 

@@ -22,8 +22,8 @@ from tether import schedules
 from tether.cli import cli
 from tether.clock import Clock, SystemClock
 from tether.schedules import Cron, Schedule, slot_run_id, tick
-from tether.store.base import NewRun, RunStatus, Store
-from tether.store.schedule_rows import ScheduleSpec
+from tether.store.port import NewRun, RunStatus, Store
+from tether.store.port.schedules import ScheduleSpec
 from tether.testing import FakeClock
 
 PARIS = ZoneInfo("Europe/Paris")

@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import tether
-from tether.store.base import NewRun
+from tether.store.drivers.sqlite import parse_sqlite_url
+from tether.store.port import NewRun
 from tether.store.sqlite import SqliteStore
-from tether.store.sqlite_commit import parse_sqlite_url
 
 
 async def test_a_write_waits_for_a_lock_held_by_another_connection_without_blocking_the_loop(
@@ -53,14 +53,14 @@ async def test_concurrent_checkpoints_of_many_runs_share_commits(tmp_path: Path)
     commits = 0
     store = app.engine.store
     assert isinstance(store, SqliteStore)
-    original = store._db._execute
+    original = store.driver.queue._execute
 
     def counting(conn: sqlite3.Connection, batch: list) -> None:  # type: ignore[type-arg]
         nonlocal commits
         commits += 1
         original(conn, batch)
 
-    store._db._execute = counting  # type: ignore[method-assign]
+    store.driver.queue._execute = counting  # type: ignore[method-assign]
 
     @app.step()
     async def inc(x: int) -> int:
@@ -86,7 +86,7 @@ def test_durability_defaults_to_wal_and_synchronous_full(tmp_path: Path) -> None
     async def pragmas() -> tuple[str, int]:
         store = SqliteStore(f"sqlite:///{tmp_path}/a.db")
         await store.open()
-        inline = store._db._inline
+        inline = store.driver.queue._inline
         assert inline is not None
         mode = inline.execute("PRAGMA journal_mode").fetchone()[0]
         sync = inline.execute("PRAGMA synchronous").fetchone()[0]
@@ -140,7 +140,7 @@ def test_processes_opening_one_new_file_at_once_all_open_it(tmp_path: Path) -> N
 
 
 def test_a_file_on_a_network_filesystem_is_told_apart_from_a_local_one(tmp_path: Path) -> None:
-    from tether.store.sqlite_commit import network_filesystem
+    from tether.store.drivers.sqlite import network_filesystem
 
     mounts = tmp_path / "mounts"
     mounts.write_text(

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 import tether
-from tether.store.base import Lease
-from tether.store.stream_rows import StreamAppend, StreamKind
+from tether.store.port import Lease
+from tether.store.port.streams import StreamAppend, StreamKind
 
 MakeApp = Callable[..., tether.App]
 FAST = tether.Retry(max_attempts=3, initial_delay=timedelta(milliseconds=1), jitter=0)

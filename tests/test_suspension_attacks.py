@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import tether
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 
 MakeApp = Callable[..., tether.App]
 # Two of the suite's modes: PostgreSQL, and forced replay on SQLite (which runs every first

@@ -14,12 +14,14 @@ Tests marked xfail(strict=True) show bugs of the library; the reason names the c
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import gc
 import inspect
 import json
 import logging
+import sqlite3
 import unicodedata
 from collections import Counter
 from collections.abc import Callable
@@ -29,8 +31,8 @@ from typing import Any
 import pytest
 
 import tether
-from tether.store.base import CheckpointStatus, RunRecord, RunStatus
 from tether.store.memory import MemoryStore
+from tether.store.port import CheckpointStatus, RunRecord, RunStatus
 from tether.testing import FakeClock, fake_app, run_until_idle
 
 MakeApp = Callable[..., tether.App]
@@ -1271,7 +1273,9 @@ async def test_a_run_held_for_days_stays_held() -> None:
         assert held.failures == 1
         # Skip the days of held retries (1, 2, 4 ... 256 s, then every 300 s) that bring its
         # count of failed executions to 1024, and let the next retry come due.
-        store._runs["job"] = dataclasses.replace(held, failures=1024, wake_at=clock.now())
+        with contextlib.closing(sqlite3.connect(store.path)) as conn, conn:
+            conn.execute("UPDATE tether_runs SET failures = 1024, wake_at = ? WHERE id = 'job'",
+                         (clock.now(),))  # fmt: skip
         bad.engine.worker.notify()  # type: ignore[union-attr]
         again = await until(bad, "job", lambda r: r.epoch > held.epoch and r.owner is None
                             and r.status is not RunStatus.RUNNING)  # fmt: skip

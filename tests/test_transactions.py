@@ -23,9 +23,8 @@ from tests.postgres_server import with_schema
 import tether
 from tether.errors import ConfigurationError, LeaseLost, NotInWorkflow, StoreUnavailable
 from tether.store import store_from_url
-from tether.store.base import Checkpoint, CheckpointStatus, Lease, NewRun, Store
-from tether.store.memory import MemoryStore
-from tether.store.outbox_rows import NewOutboxMessage, TransactionOutcome
+from tether.store.port import Checkpoint, CheckpointStatus, Lease, NewRun, Store
+from tether.store.port.outbox import NewOutboxMessage, TransactionOutcome
 from tether.store.postgres import PostgresStore
 from tether.store.sqlite import SqliteStore
 
@@ -40,11 +39,10 @@ def sql(app: tether.App, text: str) -> str:
 
 
 def rows(app: tether.App, text: str, *args: Any) -> list[tuple[Any, ...]]:
-    """Read Tether's database beside the library (memory: the store's private SQLite)."""
+    """Read Tether's database beside the library (memory: the store's private SQLite file)."""
     store = app.engine.store
-    if isinstance(store, MemoryStore):
-        return store.transaction_database.execute(text, args).fetchall()
-    return ro_query(store.url, text, *args)
+    assert isinstance(store, SqliteStore | PostgresStore)
+    return ro_query(store.driver.url, text, *args)
 
 
 def make_ledger(app: tether.App) -> tuple[tether.Workflow[[str, int], int], list[str]]:
@@ -312,7 +310,7 @@ async def test_a_full_disk_in_a_body_is_a_database_outage_not_the_steps_error(
     store = app.engine.store
     assert isinstance(store, SqliteStore)
     async with app:
-        queue = store._db
+        queue = store.driver.queue
         pages = queue._inline.execute("PRAGMA page_count").fetchone()[0]  # type: ignore[union-attr]
         queue.apply_pragma(f"max_page_count = {pages + 5}")
         handle = await app.start(flow, id="full")
@@ -347,10 +345,8 @@ async def test_a_stale_lease_commits_nothing(store: Store) -> None:
     assert await store.load_history("r") == []
     assert await store.list_outbox() == []
     tables = "SELECT name FROM sqlite_master WHERE name = 't'"  # the body's table: rolled back
-    if isinstance(store, MemoryStore):
-        assert store.transaction_database.execute(tables).fetchall() == []
-    elif isinstance(store, SqliteStore):
-        assert ro_query(store.url, tables) == []
+    if isinstance(store, SqliteStore):  # a MemoryStore too: its private SQLite file
+        assert ro_query(store.driver.url, tables) == []
     else:
         assert ro_query(store.url, "SELECT to_regclass('t')") == [(None,)]
     assert await store.run_transaction(Lease("r", "w2", 2), body, done, 101.0) == "1"

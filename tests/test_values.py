@@ -14,7 +14,7 @@ import pytest
 
 import tether
 from tether.errors import ValueNotFound
-from tether.store.base import Checkpoint, CheckpointStatus, Lease, NewRun, Store
+from tether.store.port import Checkpoint, CheckpointStatus, Lease, NewRun, Store
 
 MakeApp = Callable[..., tether.App]
 

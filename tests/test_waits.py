@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 import tether
-from tether.store.base import RunStatus
 from tether.store.memory import MemoryStore
+from tether.store.port import RunStatus
 from tether.testing import FakeClock, fake_app, run_until_idle
 
 MakeApp = Callable[..., tether.App]

@@ -19,14 +19,19 @@ suspends, holding nothing, until the store wakes it. Retries wait durably: the d
 next attempt is stored, and a long delay releases the run until then. Steps declared
 `at_most_once` write a start marker naming their owner; an outcome in doubt (a crash, a lost
 lease, a timeout) is reconciled by a hook once the attempt is over for certain, or fails with
-StepOutcomeUnknown, never silently re-run. Leases follow the database's clock. On SQLite a
-single writer thread group-commits the checkpoints of many runs into one transaction and one
-fsync (WAL, FULL). Values are JSON (never pickle), rebuilt from type hints. A run writes chunks
-to *streams* (`tether.stream(key).write(...)`): append-only logs, offset by offset, that
-`app.read_stream` follows live; a failed step attempt's chunks are retracted by a reset marker.
-Layering, downwards only: app/cli -> approvals, streams -> core (registry, context, step,
-runner, worker, lease, handle) -> store.base -> serde, clock, errors; backends (store.sqlite,
-store.memory) are chosen by URL at run time.
+StepOutcomeUnknown, never silently re-run. Leases follow the database's clock. Both databases
+group-commit: the checkpoints of many runs share one transaction and one flush (SQLite: WAL,
+synchronous=FULL; PostgreSQL: queued writes, pipelined). Values are JSON (never pickle),
+rebuilt from type hints. A run writes chunks to *streams* (`tether.stream(key).write(...)`):
+append-only logs, offset by offset, that `app.read_stream` follows live; a failed step
+attempt's chunks are retracted by a reset marker.
+
+Layering, imports pointing downwards only (tests/test_layout.py; docs/architecture.md maps
+every module): cli -> server -> integrations -> app, sync, testing, views, users -> agents,
+models -> approvals, streams, telemetry, outbox, schedules, values, forks, retention -> core
+(the engine) -> store (the Store port, its operations written once as named queries, run by
+the SQLite or the PostgreSQL driver; the backend is chosen by URL at run time, never imported
+by core) -> serde, serde_errors, clock, errors, faults, redact, webhooks.
 """
 
 from __future__ import annotations
@@ -97,7 +102,7 @@ from tether.errors import (
 )
 from tether.outbox import HttpSender, OutboxMessage, Sender, outbox
 from tether.retention import Retention
-from tether.store.base import Checkpoint, CheckpointStatus, RunStatus
+from tether.store.port import Checkpoint, CheckpointStatus, RunStatus
 from tether.streams import StreamReset, stream
 from tether.sync import SyncApp, SyncRunHandle
 from tether.values import ValueInfo, set_value

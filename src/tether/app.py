@@ -37,7 +37,7 @@ from tether.retention import Retention, RetentionMixin
 from tether.schedules import ScheduleMixin
 from tether.serde import DEFAULT_MAX_PAYLOAD, Serde
 from tether.store import default_url, store_from_url
-from tether.store.base import QueueLimits, RunStatus, Store
+from tether.store.port import QueueLimits, RunStatus, Store
 from tether.streams import check_stream_key
 from tether.values import ValuesMixin
 

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 
 from tether.core.start import check_run_id, new_run_id
 from tether.errors import ConfigurationError, IdempotencyConflict, RunNotFound
-from tether.store.base import Checkpoint, CheckpointStatus, NewRun, child_key, child_outcome
-from tether.store.value_rows import ForkRecord
+from tether.store.keys import child_key, child_outcome
+from tether.store.port import Checkpoint, CheckpointStatus, NewRun
+from tether.store.port.values import ForkRecord
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine

@@ -18,7 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tether.clock import to_datetime
 from tether.errors import ConfigurationError
-from tether.store.retention_rows import START, Cursor, Purge, StorageSizes
+from tether.store.port.maintenance import StorageSizes
+from tether.store.port.retention import START, Cursor, Purge
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine

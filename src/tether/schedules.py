@@ -21,8 +21,8 @@ from tether.core.engine import Engine
 from tether.core.start import check_run_id, check_same_run, create_run, new_run_id
 from tether.core.workflow import Workflow
 from tether.errors import ConfigurationError
-from tether.store.base import NewRun, RunRecord
-from tether.store.schedule_rows import CATCH_UP, ScheduleSpec
+from tether.store.port import NewRun, RunRecord
+from tether.store.port.schedules import CATCH_UP, ScheduleSpec
 
 if TYPE_CHECKING:
     from tether.core.handle import RunHandle

@@ -23,8 +23,8 @@ from tether.core.context import StepContext, current_scope
 from tether.core.engine import Engine
 from tether.core.execution import MISSING, RunContext
 from tether.errors import ConfigurationError, RunNotFound
-from tether.store.base import CheckpointStatus
-from tether.store.stream_rows import StreamAppend, StreamEntry, StreamKind
+from tether.store.port import CheckpointStatus
+from tether.store.port.streams import StreamAppend, StreamEntry, StreamKind
 
 BATCH = 256  # a step's buffered chunks are appended when this many wait...
 LINGER = 0.005  # ...or this many seconds after the first of them was written

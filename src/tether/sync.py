@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from tether.core.handle import ForkInfo, RunHandle, RunInfo
-from tether.store.base import Checkpoint, RunStatus
+from tether.store.port import Checkpoint, RunStatus
 
 if TYPE_CHECKING:
     from tether.app import App
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from tether.core.workflow import Workflow
     from tether.retention import GcReport, StorageStatus
     from tether.schedules import ScheduleInfo
-    from tether.store.outbox_rows import OutboxMessage
+    from tether.store.port.outbox import OutboxMessage
     from tether.values import ValueInfo
 
 T = TypeVar("T")

@@ -1,6 +1,7 @@
 """The public test kit: a fake clock that makes timers and timeouts instant, a helper that runs
-the worker until nothing is left to do, an in-memory store, and histories exported from a
-database and replayed against current code (golden histories in a test suite).
+the worker until nothing is left to do, a store of its own (SQLite on a private temporary
+file), and histories exported from a database and replayed against current code (golden
+histories in a test suite).
 
 It builds on the App and the engine; it adds no engine behaviour of its own.
 """
@@ -19,8 +20,8 @@ from typing import Any
 from tether.app import App
 from tether.core.replay import ReplayOutcome, replay
 from tether.errors import ConfigurationError, NonDeterminismError, RunNotFound
-from tether.store.base import Checkpoint, CheckpointStatus, RunStatus
 from tether.store.memory import MemoryStore
+from tether.store.port import Checkpoint, CheckpointStatus, RunStatus
 
 HISTORY_FORMAT = "tether.history/2"  # /2: positions and argument digests
 _FORMATS = ("tether.history/1", HISTORY_FORMAT)  # /1: every checkpoint at position = seq
@@ -86,12 +87,23 @@ async def run_until_idle(app: App, *, advance: bool = True, timeout: float = 30.
             "run_until_idle needs the worker: call it inside `async with app:`"
         )
     clock = engine.clock
+    loop = asyncio.get_running_loop()
+    claimed_since: float | None = None
     async with asyncio.timeout(timeout):
         while True:
             while worker.runners:
                 await asyncio.sleep(0.001)
             pending = await engine.store.list_runs(statuses=[RunStatus.PENDING], limit=1)
-            due = await _next_due(app)
+            due, mine = await _next_due(app, worker.id)
+            # A run this worker claimed whose runner has not started yet: busy, not idle. One
+            # left so for long was given up by the worker: its lease expiry is what is due.
+            if mine:
+                claimed_since = claimed_since or loop.time()
+                if loop.time() - claimed_since < _CLAIM_GRACE:
+                    await asyncio.sleep(0.001)
+                    continue
+                due, _ = await _next_due(app, None)
+            claimed_since = None
             if isinstance(clock, FakeClock):
                 soonest = clock.next_due()
                 due = soonest if due is None else min(due, soonest or due)
@@ -105,19 +117,25 @@ async def run_until_idle(app: App, *, advance: bool = True, timeout: float = 30.
             await asyncio.sleep(0.005)  # let the worker claim what is due
 
 
-async def _next_due(app: App) -> float | None:
-    """When the next run of the app's workflows becomes due: a waiting or pending run's wake-up,
-    a running one's lease expiry (held runs left out)."""
+_CLAIM_GRACE = 0.25  # real seconds a claimed run may take to get its runner
+
+
+async def _next_due(app: App, worker_id: str | None) -> tuple[float | None, bool]:
+    """When the next run of the app's workflows becomes due (a waiting or pending run's
+    wake-up, a running one's lease expiry; held runs left out), and whether a run is running
+    under this worker's lease (claimed, its runner about to start: the worker is busy)."""
     names = set(app.engine.workflows)
     statuses = [RunStatus.PENDING, RunStatus.WAITING, RunStatus.RUNNING]
     times = []
     for run in await app.engine.store.list_runs(statuses=statuses, limit=10_000):
         if run.workflow not in names:
             continue
+        if worker_id is not None and run.status is RunStatus.RUNNING and run.owner == worker_id:
+            return None, True
         at = run.lease_expires_at if run.status is RunStatus.RUNNING else run.wake_at
         if at is not None:
             times.append(at)
-    return min(times, default=None)
+    return min(times, default=None), False
 
 
 # Times: nothing replay looks at.

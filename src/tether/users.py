@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from tether.approvals.model import Reviewer
 from tether.clock import to_datetime
 from tether.errors import ConfigurationError, TetherError
-from tether.store.user_rows import UserRecord
+from tether.store.port.users import UserRecord
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine

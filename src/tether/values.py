@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 from tether.clock import to_datetime
 from tether.core.values import check_value_key, set_value, wake_key
 from tether.errors import ConfigurationError, RunNotFound, ValueNotFound
-from tether.store.base import RunRecord
-from tether.store.value_rows import ValueRecord
+from tether.store.port import RunRecord
+from tether.store.port.values import ValueRecord
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine

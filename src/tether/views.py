@@ -14,7 +14,7 @@ from typing import Any
 from tether.approvals.model import Approval, Decision, HistoryEntry, Option
 from tether.core.handle import ForkInfo, RunInfo
 from tether.redact import redact, redact_text
-from tether.store.base import Checkpoint
+from tether.store.port import Checkpoint
 from tether.values import ValueInfo
 
 

@@ -26,7 +26,10 @@ from tests.contract.test_store_contract import (
 )
 
 from tether.errors import ApprovalNotFound, LeaseLost
-from tether.store.approval_rows import (
+from tether.store.audit import audit_hash, verify_chain
+from tether.store.keys import approval_key
+from tether.store.port import Lease, NewRun, RunStatus, Store
+from tether.store.port.approvals import (
     APPROVED,
     CANCELLED,
     GENESIS,
@@ -36,12 +39,7 @@ from tether.store.approval_rows import (
     AuditEntry,
     ChangeFn,
     Note,
-    approval_key,
-    audit_hash,
-    verify_chain,
 )
-from tether.store.base import Lease, NewRun, RunStatus, Store
-from tether.store.memory import MemoryStore
 from tether.store.postgres import PostgresStore, parse_postgres_url
 from tether.store.sqlite import SqliteStore
 
@@ -472,10 +470,7 @@ async def test_cancel_run_cancels_the_pending_approvals_of_the_runs_it_ends_at_o
 
 async def tamper(store: Store, approval_id: str, seq: int, detail: str) -> None:
     """Edit one audit entry's detail behind the store's back, as someone with database access."""
-    if isinstance(store, MemoryStore):
-        trail = store._audit[approval_id]
-        trail[seq - 1] = replace(trail[seq - 1], detail=detail)
-    elif isinstance(store, SqliteStore):
+    if isinstance(store, SqliteStore):  # a MemoryStore too: its private SQLite file
         with sqlite3.connect(store.path) as conn:
             conn.execute(
                 "UPDATE tether_approval_audit SET detail = ? WHERE approval_id = ? AND seq = ?",

@@ -26,8 +26,9 @@ from tests.contract.test_store_contract import (
 )
 
 from tether.errors import LeaseLost
-from tether.store.approval_rows import CANCELLED
-from tether.store.base import Lease, NewRun, RunStatus, Store, WorkerInfo, child_key
+from tether.store.keys import child_key
+from tether.store.port import Lease, NewRun, RunStatus, Store, WorkerInfo
+from tether.store.port.approvals import CANCELLED
 
 ERROR = '{"type": "tether.errors.SerializationError", "message": "cannot load step"}'
 

@@ -15,8 +15,8 @@ from tests.contract.test_approval_contract import approval, created
 from tests.contract.test_store_contract import LEASE, NOW, WF, claim_one, get, lease_of, new
 
 from tether.errors import DuplicateRun, LeaseLost
-from tether.store.approval_rows import PENDING
-from tether.store.base import Lease, NewRun, RunStatus, Store
+from tether.store.port import Lease, NewRun, RunStatus, Store
+from tether.store.port.approvals import PENDING
 
 DIVERGED = '{"type": "tether.errors.NonDeterminismError", "message": "renamed"}'
 

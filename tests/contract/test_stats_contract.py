@@ -9,7 +9,7 @@ from __future__ import annotations
 from tests.contract.test_approval_contract import approval, decide, running
 from tests.contract.test_store_contract import NOW, claim_one, get, lease_of, new
 
-from tether.store.base import RunStatus, Store, StoreStats
+from tether.store.port import RunStatus, Store, StoreStats
 
 
 async def test_stats_of_an_empty_store_count_zero_for_every_status(store: Store) -> None:

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from tether.errors import DuplicateRun, LeaseLost, RunNotFound
-from tether.store.base import (
+from tether.store.keys import child_key
+from tether.store.port import (
     Checkpoint,
     CheckpointStatus,
     Lease,
@@ -22,7 +23,6 @@ from tether.store.base import (
     RunStatus,
     Store,
     WorkerInfo,
-    child_key,
 )
 
 NOW = 1000.0

@@ -12,9 +12,9 @@ import pytest
 
 from tether.errors import LeaseLost
 from tether.store import store_from_url
-from tether.store.base import Lease, NewRun, RunStatus, Store
 from tether.store.memory import MemoryStore
-from tether.store.stream_rows import StreamAppend, StreamEntry, StreamKind
+from tether.store.port import Lease, NewRun, RunStatus, Store
+from tether.store.port.streams import StreamAppend, StreamEntry, StreamKind
 
 NOW = 1000.0
 WF = "wf"

@@ -33,7 +33,7 @@ def ro_query(db: str | Path, sql: str, *args: Any) -> list[tuple[Any, ...]]:
     URL's schema. Rows as tuples on both."""
     url = database_url(db)
     if backend_of(url) == "sqlite":
-        from tether.store.sqlite_commit import parse_sqlite_url
+        from tether.store.drivers.sqlite import parse_sqlite_url
 
         path = parse_sqlite_url(url)[0]
         with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:

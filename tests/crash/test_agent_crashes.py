@@ -31,9 +31,10 @@ from typing import Any
 import pytest
 
 import tether
-from tether.store.approval_rows import approval_key
-from tether.store.base import CheckpointStatus, RunStatus
-from tether.store.stream_rows import StreamEntry, StreamKind, unretracted
+from tether.store.keys import approval_key
+from tether.store.port import CheckpointStatus, RunStatus
+from tether.store.port.streams import StreamEntry, StreamKind
+from tether.store.rules import unretracted
 
 from .agent_flows import (
     CHECKPOINTS,

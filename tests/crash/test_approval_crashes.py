@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 
 import tether
-from tether.store.approval_rows import approval_key
-from tether.store.base import CheckpointStatus, RunStatus
+from tether.store.keys import approval_key
+from tether.store.port import CheckpointStatus, RunStatus
 
 from .approval_flows import EXPIRY, STEP, WAIT, approval_of, expected_result, operation
 from .children import child_env

@@ -17,7 +17,7 @@ import pytest
 
 import tether
 from tether.serde import Serde
-from tether.store.base import CheckpointStatus, RunStatus
+from tether.store.port import CheckpointStatus, RunStatus
 
 from .children import child_env
 from .fanout_flows import CHECKPOINTS, CHILD, RUN_ID, STEPS, VALUES, make_app

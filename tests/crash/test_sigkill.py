@@ -31,7 +31,7 @@ import pytest
 
 import tether
 from tether.serde import Serde
-from tether.store.base import Checkpoint, CheckpointStatus, RunStatus
+from tether.store.port import Checkpoint, CheckpointStatus, RunStatus
 
 from .children import child_env
 from .flows import CHECKPOINTS, STEPS, expected_result, read_lines

@@ -22,7 +22,7 @@ from tests.crash.children import child_env
 from tests.crash.flows import read_lines
 from tests.crash.stall_flows import make_app
 
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 
 ROOT = Path(__file__).resolve().parents[2]
 

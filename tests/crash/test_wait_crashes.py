@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import pytest
 
 import tether
-from tether.store.base import Checkpoint, CheckpointStatus, RunRecord, RunStatus
+from tether.store.port import Checkpoint, CheckpointStatus, RunRecord, RunStatus
 
 from .backends import ro_query
 from .children import child_env

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from tests.crash.tx_flows import ORDER, WORKFLOW, make_app
 
-from tether.store.outbox_rows import OutboxStatus
+from tether.store.port.outbox import OutboxStatus
 
 
 async def main(db: str, side_dir: str, receiver: str, run_id: str) -> None:

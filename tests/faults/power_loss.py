@@ -5,7 +5,7 @@ Tether opens SQLite through Python's sqlite3, which cannot take a Python VFS; ap
 store runs unchanged except for its connections: `ApswCommitQueue` is Tether's CommitQueue whose
 own `_connect` runs (with the PRAGMAs it sets: journal_mode=WAL, synchronous=...), its
 `sqlite3.connect` answered by an apsw connection on the recording VFS, wrapped to look like a
-sqlite3 connection. The SQL, the migrations (`load_sql("sqlite")`), the statements of each
+sqlite3 connection. The SQL, the migrations (`queries("sqlite").migrations`), the statements of each
 operation (SqliteStore) and the shape of its transactions (the group commit of CommitQueue
 `_execute`: one BEGIN IMMEDIATE ... COMMIT for many runs' checkpoints, savepoints, the implicit
 transaction of a lone statement) are Tether's own.
@@ -36,21 +36,14 @@ from unittest import mock
 import apsw
 from tests.faults.vfs import Journal, RecordingVFS
 
-from tether.store import sqlite_commit
-from tether.store.base import (
-    Checkpoint,
-    CheckpointStatus,
-    Lease,
-    NewRun,
-    RunStatus,
-    WorkerInfo,
-)
-from tether.store.rows import load_sql
+from tether.store.drivers.sqlite import CommitQueue
+from tether.store.drivers.sqlite import commit as sqlite_commit
+from tether.store.port import Checkpoint, CheckpointStatus, Lease, NewRun, RunStatus, WorkerInfo
+from tether.store.sql_store import queries
 from tether.store.sqlite import SqliteStore
-from tether.store.sqlite_commit import CommitQueue
 
 T = TypeVar("T")
-_, MIGRATIONS = load_sql("sqlite")
+MIGRATIONS = queries("sqlite").migrations
 
 
 # -- a sqlite3-shaped connection on apsw ------------------------------------------------------
@@ -117,9 +110,14 @@ class Tracker:
 class _Rows:
     """A finished statement's rows, read like a sqlite3 cursor."""
 
-    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int) -> None:
+    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int, sql: str) -> None:
         self._rows = iter(rows)
         self.rowcount = rowcount
+        # sqlite3's description: not None for a statement that yields rows (even none). apsw
+        # cannot tell once a statement has completed, so it is read off the statement.
+        text = sql.lstrip().upper()
+        rows_out = text.startswith(("SELECT", "PRAGMA", "WITH")) or "RETURNING" in text
+        self.description: tuple[()] | None = () if rows_out else None
 
     def fetchone(self) -> tuple[Any, ...] | None:
         return next(self._rows, None)
@@ -158,7 +156,7 @@ class ApswConnection:
         self.tracker.statement(sql)
         try:
             rows = self.db.execute(sql, params).fetchall()
-            return _Rows(rows, self.db.changes())
+            return _Rows(rows, self.db.changes(), sql)
         except apsw.Error as exc:
             raise _as_sqlite3(exc) from exc
         finally:
@@ -192,7 +190,7 @@ class ApswCommitQueue(CommitQueue):
 def apsw_store(path: Path, synchronous: str, vfs: RecordingVFS, tracker: Tracker) -> SqliteStore:
     """Tether's SqliteStore on `path`, its connections on apsw through `vfs`."""
     store = SqliteStore(f"sqlite:///{path}?synchronous={synchronous}")
-    store._db = ApswCommitQueue(str(path), synchronous, vfs, tracker)
+    store.driver.queue = ApswCommitQueue(str(path), synchronous, vfs, tracker)
     return store
 
 

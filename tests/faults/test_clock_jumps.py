@@ -32,7 +32,7 @@ from tests.faults import figures
 from tests.postgres_server import with_schema
 
 import tether
-from tether.store.base import CheckpointStatus, RunStatus
+from tether.store.port import CheckpointStatus, RunStatus
 from tether.testing import FakeClock, fake_app, run_until_idle
 
 pytestmark = pytest.mark.timeout(60)

@@ -26,7 +26,7 @@ from tests.faults import figures
 
 import tether
 from tether.errors import StoreUnavailable
-from tether.store.base import CheckpointStatus, RunStatus
+from tether.store.port import CheckpointStatus, RunStatus
 from tether.store.sqlite import SqliteStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,7 +38,7 @@ UNLIMITED = 1_073_741_823  # SQLite's default max_page_count
 def queue_of(app: tether.App) -> Any:
     store = app.engine.store
     assert isinstance(store, SqliteStore)
-    return store._db
+    return store.driver.queue
 
 
 def set_max_pages(app: tether.App, pages: int | None) -> int:

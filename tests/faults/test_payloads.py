@@ -27,7 +27,7 @@ from tests.faults import figures
 
 import tether
 from tether.serde import DEFAULT_MAX_PAYLOAD
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -28,7 +28,7 @@ from tests.server.kit import ORIGIN, SECRET, Person, sign_in
 import tether
 from tether.cli import cli
 from tether.server import create_server
-from tether.store.base import Checkpoint, CheckpointStatus, Lease, NewRun, RunStatus
+from tether.store.port import Checkpoint, CheckpointStatus, Lease, NewRun, RunStatus
 from tether.users import add_user
 
 MakeApp = Callable[..., tether.App]

@@ -52,7 +52,7 @@ async def record(tmp_path: Path, synchronous: str) -> Recording:
     try:
         store = apsw_store(db, synchronous, vfs, tracker)
         await store.open()
-        inline = store._db._inline  # an ApswConnection: what the store's own _connect set
+        inline = store.driver.queue._inline  # an ApswConnection: what the store's own _connect set
         assert inline is not None
         pragmas = (inline.execute("PRAGMA journal_mode").fetchone()[0],
                    inline.execute("PRAGMA synchronous").fetchone()[0])  # fmt: skip

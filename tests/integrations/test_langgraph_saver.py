@@ -30,8 +30,8 @@ from tests.postgres_server import with_schema
 import tether
 from tether.errors import ConfigurationError
 from tether.integrations.langgraph import TetherSaver
+from tether.store.drivers.sqlite import parse_sqlite_url
 from tether.store.postgres import parse_postgres_url
-from tether.store.sqlite_commit import parse_sqlite_url
 
 Config = dict[str, Any]
 

@@ -13,7 +13,7 @@ from tests.server.kit import Person, start_approval
 
 import tether
 from tether.server import create_server
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 from tether.users import add_user
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"

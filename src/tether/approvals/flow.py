@@ -30,8 +30,9 @@ from tether.core.execution import MISSING, RunContext
 from tether.core.waits import EventWait, Plan, TimerWait, check_duration, wait
 from tether.errors import ConfigurationError, NonDeterminismError
 from tether.redact import redact
-from tether.store.approval_rows import ApprovalRecord, approval_key
-from tether.store.base import CheckpointStatus
+from tether.store.keys import approval_key
+from tether.store.port import CheckpointStatus
+from tether.store.port.approvals import ApprovalRecord
 
 log = logging.getLogger("tether.approvals")
 

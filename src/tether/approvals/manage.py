@@ -21,7 +21,8 @@ from tether.approvals.model import (
 )
 from tether.approvals.rules import Vote, cancel, viewed, vote
 from tether.errors import ApprovalNotFound, ApprovalRefused, ConfigurationError
-from tether.store.approval_rows import PENDING, verify_chain
+from tether.store.audit import verify_chain
+from tether.store.port.approvals import PENDING
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine

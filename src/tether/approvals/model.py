@@ -18,7 +18,7 @@ from typing import Any
 from tether.clock import to_datetime
 from tether.errors import ConfigurationError
 from tether.serde import canonical
-from tether.store.approval_rows import APPROVED, PENDING, ApprovalRecord, AuditEntry
+from tether.store.port.approvals import APPROVED, PENDING, ApprovalRecord, AuditEntry
 
 _OPTION_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 STYLES = ("primary", "destructive", "default")

@@ -1,5 +1,6 @@
 """The rules of deciding, as pure change functions the store applies atomically to one approval
-(see tether.store.approval_rows): a vote, an expiry, a cancellation, a view, a reported outcome.
+(see tether.store.port.approvals and tether.store.audit): a vote, an expiry, a cancellation, a
+view, a reported outcome.
 
 Every path that does not approve fails closed: it is refused or ends the approval without
 approving, and the refusal is written to the audit trail in the same transaction. No I/O here.
@@ -12,7 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.approvals.model import Reviewer
-from tether.store.approval_rows import (
+from tether.store.port import TERMINAL_STATUSES
+from tether.store.port.approvals import (
     APPROVED,
     CANCELLED,
     EXPIRED,
@@ -23,7 +25,6 @@ from tether.store.approval_rows import (
     ChangeFn,
     Note,
 )
-from tether.store.base import TERMINAL_STATUSES
 
 _TERMINAL = {s.value for s in TERMINAL_STATUSES}
 

@@ -18,7 +18,7 @@ from rich.text import Text
 from tether.app import App
 from tether.cli.common import console, load_app, new_table, require_database, run_app
 from tether.core.replay import ReplayOutcome
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 
 
 def divergence_json(outcome: ReplayOutcome) -> dict[str, Any]:

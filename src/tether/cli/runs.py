@@ -27,7 +27,7 @@ from tether.cli.common import (
 )
 from tether.core.handle import ForkInfo, RunInfo
 from tether.redact import redact
-from tether.store.base import Checkpoint, RunStatus
+from tether.store.port import Checkpoint, RunStatus
 from tether.values import ValueInfo
 from tether.views import checkpoint_json, fork_json, held_reason, run_json, value_json
 

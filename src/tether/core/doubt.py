@@ -25,7 +25,7 @@ from tether.core.lease import gone
 from tether.core.suspension import park, turn
 from tether.errors import StepOutcomeUnknown, StepTimeout
 from tether.serde import encode_error
-from tether.store.base import Checkpoint, CheckpointStatus, Lease
+from tether.store.port import Checkpoint, CheckpointStatus, Lease
 
 if TYPE_CHECKING:
     from tether.core.step import Attempted

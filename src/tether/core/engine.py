@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from tether.clock import Clock, DatabaseClock
 from tether.core.observe import Observer, combine
 from tether.serde import Serde
-from tether.store.base import QueueLimits, RunRecord, Store
+from tether.store.port import QueueLimits, RunRecord, Store
 
 log = logging.getLogger("tether.worker")
 

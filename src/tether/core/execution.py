@@ -28,7 +28,7 @@ from tether.errors import (
     StoreUnavailable,
 )
 from tether.serde import canonical, plain_canonical
-from tether.store.base import Checkpoint, CheckpointStatus, Lease
+from tether.store.port import Checkpoint, CheckpointStatus, Lease
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine

@@ -18,8 +18,8 @@ from tether.clock import to_datetime
 from tether.core.engine import Engine
 from tether.core.runner import CANCELLED_ERROR
 from tether.errors import RunCancelled, RunDead, RunFailed, RunNotFound, WaitTimeout
-from tether.store.base import Checkpoint, RunRecord, RunStatus
-from tether.store.value_rows import ForkRecord
+from tether.store.port import Checkpoint, RunRecord, RunStatus
+from tether.store.port.values import ForkRecord
 
 R = TypeVar("R")
 

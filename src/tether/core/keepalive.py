@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from tether.core.positions import internal
-from tether.store.base import Lease, Store
+from tether.store.port import Lease, Store
 
 if TYPE_CHECKING:
     from tether.core.engine import Body

@@ -16,7 +16,7 @@ import socket
 from collections.abc import Sequence
 from functools import cache
 
-from tether.store.base import WorkerInfo
+from tether.store.port import WorkerInfo
 
 
 def _stat(pid: int) -> list[str] | None:

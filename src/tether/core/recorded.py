@@ -14,7 +14,7 @@ from typing import Any
 
 from tether.core.context import current_run
 from tether.errors import ConfigurationError
-from tether.store.base import CheckpointStatus
+from tether.store.port import CheckpointStatus
 
 
 def _recorded(helper: str, make: Callable[[], object]) -> Any:

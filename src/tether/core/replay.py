@@ -16,7 +16,7 @@ from tether.core.execution import RunContext
 from tether.core.positions import install
 from tether.core.signals import Abandon, EndOfHistory
 from tether.errors import NonDeterminismError, SerializationError
-from tether.store.base import Checkpoint, Lease
+from tether.store.port import Checkpoint, Lease
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from tether.core.engine import Engine
 from tether.errors import ConfigurationError, RunNotFound
-from tether.store.base import Checkpoint, CheckpointStatus, RunRecord, RunStatus
+from tether.store.port import Checkpoint, CheckpointStatus, RunRecord, RunStatus
 
 RESUMABLE = (RunStatus.FAILED, RunStatus.DEAD, RunStatus.HELD)
 

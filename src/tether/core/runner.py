@@ -35,7 +35,7 @@ from tether.errors import (
     WorkflowTimeout,
 )
 from tether.serde import encode_error
-from tether.store.base import Checkpoint, Lease, RunRecord, RunStatus
+from tether.store.port import Checkpoint, Lease, RunRecord, RunStatus
 
 log = logging.getLogger("tether.runner")
 

@@ -19,7 +19,7 @@ from tether.core.execution import RunContext, arguments
 from tether.core.waits import ChildWait, join
 from tether.core.workflow import Workflow
 from tether.errors import ConfigurationError, IdempotencyConflict
-from tether.store.base import CheckpointStatus, NewRun, RunRecord
+from tether.store.port import CheckpointStatus, NewRun, RunRecord
 
 R = TypeVar("R")
 

@@ -38,7 +38,7 @@ from tether.core.suspension import park, turn
 from tether.core.workflow import type_hints
 from tether.errors import ConfigurationError, StepInterrupted, StepTimeout
 from tether.serde import Serde, encode_error, rebuild_error
-from tether.store.base import Checkpoint, CheckpointStatus
+from tether.store.port import Checkpoint, CheckpointStatus
 
 P = ParamSpec("P")
 R = TypeVar("R")

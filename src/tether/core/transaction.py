@@ -20,8 +20,9 @@ from tether.core.retry import Retry
 from tether.core.step import DEFAULT_RETRY, _execute
 from tether.core.workflow import type_hints
 from tether.errors import ConfigurationError, NotInWorkflow
-from tether.store.base import Checkpoint, CheckpointStatus
-from tether.store.outbox_rows import NewOutboxMessage, TransactionOutcome, message_id
+from tether.store.keys import message_id
+from tether.store.port import Checkpoint, CheckpointStatus
+from tether.store.port.outbox import NewOutboxMessage, TransactionOutcome
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine

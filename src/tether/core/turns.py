@@ -15,7 +15,7 @@ import heapq
 from collections.abc import Iterable
 
 from tether.clock import Clock
-from tether.store.base import Checkpoint, CheckpointStatus
+from tether.store.port import Checkpoint, CheckpointStatus
 
 # The kinds of checkpoint whose outcome a task awaits (their order is observable); recorded
 # helpers and markers are taken synchronously, and the others are not ordered.

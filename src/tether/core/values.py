@@ -12,7 +12,7 @@ from tether.core.context import current_run
 from tether.core.engine import Engine
 from tether.core.execution import MISSING
 from tether.errors import ConfigurationError
-from tether.store.base import CheckpointStatus
+from tether.store.port import CheckpointStatus
 
 KEY_MAX = 200
 

@@ -19,7 +19,8 @@ from tether.core.context import current_run
 from tether.core.execution import RunContext
 from tether.core.suspension import park, turn
 from tether.errors import ConfigurationError, RunCancelled, RunDead, RunFailed
-from tether.store.base import Checkpoint, CheckpointStatus, RunStatus, child_key
+from tether.store.keys import child_key
+from tether.store.port import Checkpoint, CheckpointStatus, RunStatus
 
 TIMEOUT = "tether:timeout"  # the key recorded when a wait's timeout won
 _RESERVED = "tether:"
@@ -278,7 +279,7 @@ async def join(ctx: RunContext, spec: ChildWait) -> Any:
 
 
 def _child_value(ctx: RunContext, spec: WaitSpec, value: Any) -> Any:
-    """An event's payload as it is; a child's end (see store.base.child_outcome) as its
+    """An event's payload as it is; a child's end (see store.keys.child_outcome) as its
     result, or its failure raised."""
     if not isinstance(spec, ChildWait):
         return value

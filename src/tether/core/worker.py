@@ -22,7 +22,7 @@ from tether.core.lease import dead_here, this_worker
 from tether.core.runner import Runner
 from tether.errors import ConfigurationError
 from tether.serde import encode_error
-from tether.store.base import Checkpoint, HeartbeatReply, Lease, RunRecord
+from tether.store.port import Checkpoint, HeartbeatReply, Lease, RunRecord
 
 log = logging.getLogger("tether.worker")
 

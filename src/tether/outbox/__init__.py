@@ -13,7 +13,7 @@ from tether.outbox.delivery import OUTBOX_RETRY, Delivery
 from tether.outbox.mixin import OutboxMixin
 from tether.outbox.record import Outgoing, outbox
 from tether.outbox.senders import HttpError, HttpSender, Sender
-from tether.store.outbox_rows import OutboxMessage, OutboxStatus
+from tether.store.port.outbox import OutboxMessage, OutboxStatus
 
 __all__ = [
     "OUTBOX_RETRY",

@@ -22,7 +22,7 @@ from tether.core.retry import Retry
 from tether.errors import ConfigurationError, StepOutcomeUnknown
 from tether.outbox.senders import DEFAULT_TIMEOUT, HttpSender, Sender
 from tether.serde import encode_error
-from tether.store.outbox_rows import OutboxMessage, OutboxSettlement, OutboxStatus
+from tether.store.port.outbox import OutboxMessage, OutboxSettlement, OutboxStatus
 
 if TYPE_CHECKING:
     from tether.core.worker import Worker

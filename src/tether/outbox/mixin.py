@@ -15,7 +15,7 @@ from tether.core.transaction import Transaction
 from tether.errors import ConfigurationError
 from tether.outbox.delivery import OUTBOX_RETRY, SERVICE, Delivery
 from tether.outbox.senders import Sender
-from tether.store.outbox_rows import OutboxMessage, OutboxStatus
+from tether.store.port.outbox import OutboxMessage, OutboxStatus
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine

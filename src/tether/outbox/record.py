@@ -17,8 +17,9 @@ from tether.core.execution import MISSING, RunContext, Slot
 from tether.core.transaction import current_transaction
 from tether.errors import ConfigurationError, NotInWorkflow
 from tether.outbox.delivery import SERVICE, Delivery
-from tether.store.base import CheckpointStatus
-from tether.store.outbox_rows import NewOutboxMessage, TransactionOutcome, message_id
+from tether.store.keys import message_id
+from tether.store.port import CheckpointStatus
+from tether.store.port.outbox import NewOutboxMessage, TransactionOutcome
 
 KIND = "outbox"  # the checkpoint kind (and name) of an outbox call in workflow code
 _MAX_DESTINATION = 2048

@@ -15,7 +15,7 @@ from email.utils import parsedate_to_datetime
 
 from tether.core.retry import Retry
 from tether.errors import ConfigurationError, PermanentError
-from tether.store.outbox_rows import OutboxMessage
+from tether.store.port.outbox import OutboxMessage
 from tether.webhooks import SIGNATURE_HEADER, sign
 
 DEFAULT_TIMEOUT = 30.0  # seconds a send may take before it counts as failed

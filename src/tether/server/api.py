@@ -31,7 +31,7 @@ from tether.errors import (
 from tether.server.auth import Auth
 from tether.server.http import StrictRoute
 from tether.server.sse import event_stream, start_offset
-from tether.store.base import RunStatus
+from tether.store.port import RunStatus
 from tether.streams import check_stream_key
 from tether.users import User
 from tether.values import ValueInfo

@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 
 from tether.app import App
 from tether.server.api import CurrentUser
-from tether.store.base import StoreStats
+from tether.store.port import StoreStats
 from tether.telemetry.metrics import Metrics, metrics_of
 
 Outcome = TypeVar("Outcome", bound=StrEnum)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from tether.errors import ConfigurationError
-from tether.store.base import Store
+from tether.store.port import Store
 
 DEFAULT_URL = "sqlite:///tether.db"
 
@@ -47,7 +47,7 @@ def database_exists(url: str) -> bool:
     if url.startswith("sqlite:"):
         from pathlib import Path
 
-        from tether.store.sqlite_commit import parse_sqlite_url
+        from tether.store.drivers.sqlite import parse_sqlite_url
 
         return Path(parse_sqlite_url(url)[0]).exists()
     return True

@@ -1,20 +1,147 @@
-"""What the SQL backends share: loading their named queries and migrations from sql/<dialect>/,
-and turning rows into the port's records (and audit entries into rows).
-
-It knows the column order of the run, checkpoint, worker, approval, audit and stream queries,
-nothing of any database driver.
+"""How the port's records map to rows: the column lists the queries of both dialects select by
+name, and each record from its row (and to its query parameters). It knows no database driver.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from importlib import resources
 from typing import Any
 
-from tether.store.approval_rows import APPROVAL_COLUMNS, AUDIT_COLUMNS, AuditEntry
-from tether.store.base import Checkpoint, CheckpointStatus, RunRecord, RunStatus, WorkerInfo
-from tether.store.stream_rows import StreamEntry, StreamKind
+from tether.store.port.approvals import (
+    ApprovalRecord,
+    AuditEntry,
+)
+from tether.store.port.outbox import (
+    NewOutboxMessage,
+    OutboxMessage,
+    OutboxSettlement,
+    OutboxStatus,
+)
+from tether.store.port.runs import (
+    Checkpoint,
+    CheckpointStatus,
+    RunRecord,
+    RunStatus,
+    WorkerInfo,
+)
+from tether.store.port.schedules import ScheduleRecord, ScheduleSpec
+from tether.store.port.streams import StreamEntry, StreamKind
+from tether.store.port.users import UserRecord
+from tether.store.port.values import ForkRecord, ValueRecord
+
+# The columns the SQL backends keep outside the JSON body (queried or updated on their own).
+_COLUMNS = ("id", "run_id", "step", "status", "created_at", "expires_at", "updated_at",
+            "audit_count", "audit_head")  # fmt: skip
+
+
+def approval_to_row(record: ApprovalRecord) -> dict[str, Any]:
+    """Column values for a SQL row: the queried columns, and `body` (JSON of the rest)."""
+    data = {f: getattr(record, f) for f in ApprovalRecord.__dataclass_fields__}
+    row = {c: data.pop(c) for c in _COLUMNS}
+    row["body"] = json.dumps(data, sort_keys=True)
+    return row
+
+
+def approval_from_row(row: Sequence[Any]) -> ApprovalRecord:
+    """The record from a row selected as APPROVAL_COLUMNS."""
+    values = dict(zip((*_COLUMNS, "body"), row, strict=True))
+    body = json.loads(values.pop("body"))
+    return ApprovalRecord(**values, **body)
+
+
+APPROVAL_COLUMNS = ", ".join((*_COLUMNS, "body"))
+
+AUDIT_COLUMNS = "approval_id, seq, at, event, actor, detail, prev_hash, hash"
+
+
+def audit_from_row(row: Sequence[Any]) -> AuditEntry:
+    return AuditEntry(*row)
+
+
+def message_rows(
+    run_id: str, checkpoint: str, messages: Sequence[NewOutboxMessage], now: float
+) -> list[dict[str, Any]]:
+    """Parameters of the outbox_insert query for messages recorded with this checkpoint."""
+    return [
+        {"id": m.id, "run_id": run_id, "checkpoint": checkpoint, "destination": m.destination,
+         "key": m.key, "payload": m.payload, "now": now}
+        for m in messages
+    ]  # fmt: skip
+
+
+def settle_args(
+    message_id: str, claim: int, settlement: OutboxSettlement, now: float
+) -> dict[str, Any]:
+    """Parameters of the outbox_settle query."""
+    delivered = settlement.status is OutboxStatus.DELIVERED
+    return {"id": message_id, "claim": claim, "status": settlement.status.value,
+            "next_at": settlement.next_at, "error": settlement.error,
+            "delivered_at": now if delivered else None, "now": now}  # fmt: skip
+
+
+# The columns of the outbox queries, in the order outbox_from_row reads them.
+OUTBOX_COLUMNS = (
+    "id, run_id, checkpoint, destination, key, payload, status, attempts, uncertain, in_doubt,"
+    " claims, claimed_by, next_at, error, created_at, updated_at, delivered_at"
+)
+
+
+def outbox_from_row(row: Sequence[Any]) -> OutboxMessage:
+    return OutboxMessage(
+        id=row[0], run_id=row[1], checkpoint=row[2], destination=row[3], key=row[4],
+        payload_json=row[5], status=OutboxStatus(row[6]), attempts=int(row[7]),
+        uncertain=int(row[8]), in_doubt=bool(row[9]), claim=int(row[10]), claimed_by=row[11],
+        next_at=float(row[12]), error=row[13], created_at=float(row[14]),
+        updated_at=float(row[15]), delivered_at=None if row[16] is None else float(row[16]),
+    )  # fmt: skip
+
+
+VALUE_COLUMNS = "run_id, key, version, value, seq, created_at"
+
+FORK_COLUMNS = "run_id, source_run_id, from_step, from_seq, created_at"
+
+
+def value_from_row(row: tuple[object, ...]) -> ValueRecord:
+    """A value from the columns of VALUE_COLUMNS, in that order."""
+    run_id, key, version, value, seq, created_at = row
+    return ValueRecord(str(run_id), str(key), int(str(version)), str(value), int(str(seq)),
+                       float(str(created_at)))  # fmt: skip
+
+
+def fork_from_row(row: tuple[object, ...]) -> ForkRecord:
+    """A fork link from the columns of FORK_COLUMNS, in that order."""
+    run_id, source, step, seq, created_at = row
+    return ForkRecord(str(run_id), str(source), str(step), int(str(seq)), float(str(created_at)))
+
+
+def schedule_from_row(row: Sequence[Any]) -> ScheduleRecord:
+    """A schedule from its columns: name, workflow, cron, tz, catch_up, last_slot, created_at,
+    updated_at."""
+    return ScheduleRecord(
+        name=row[0], workflow=row[1], cron=row[2], tz=row[3], catch_up=row[4],
+        last_slot=float(row[5]), created_at=float(row[6]), updated_at=float(row[7]),
+    )  # fmt: skip
+
+
+def spec_to_row(spec: ScheduleSpec, now: float) -> dict[str, Any]:
+    """Parameters of the put_schedule queries: the definition, and `now` (the first cursor)."""
+    return {"name": spec.name, "workflow": spec.workflow, "cron": spec.cron, "tz": spec.tz,
+            "catch_up": spec.catch_up, "now": now}  # fmt: skip
+
+
+USER_COLUMNS = "name, groups, token_hash, created_at, revoked_at"
+
+
+def user_to_row(user: UserRecord) -> dict[str, Any]:
+    return {"name": user.name, "groups": json.dumps(list(user.groups)),
+            "token_hash": user.token_hash, "created_at": user.created_at,
+            "revoked_at": user.revoked_at}  # fmt: skip
+
+
+def user_from_row(row: Sequence[Any]) -> UserRecord:
+    return UserRecord(row[0], tuple(json.loads(row[1])), row[2], row[3], row[4])
+
 
 # A checkpoint's columns as load_history selects them (checkpoint_from_row reads this order);
 # a position NULL is that of a row recorded before positions: its seq.
@@ -22,6 +149,7 @@ CHECKPOINT_COLUMNS = (
     "seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,"
     " coalesce(position, CAST(seq AS TEXT)), args"
 )
+
 # The parameters of a checkpoint's upsert, in the order of its positional form (?1..?15).
 CHECKPOINT_PARAMS = (
     "run_id", "seq", "name", "kind", "status", "result", "error", "attempts", "started_at",
@@ -34,33 +162,10 @@ RUN_COLUMNS = (
     " queue, priority, dedup_key, started_at, started_by, failures"
 )
 
-
-def load_sql(dialect: str) -> tuple[dict[str, str], list[tuple[int, str]]]:
-    """(named queries, [(version, migration script)] in order) of sql/<dialect>/."""
-    folder = resources.files("tether.store") / "sql" / dialect
-    queries: dict[str, str] = {}
-    # queries.sql, and one file of queries per concept added since (outbox.sql, ...).
-    files = [f for f in folder.iterdir() if f.name.endswith(".sql") and not f.name[:4].isdigit()]
-    for file in sorted(files, key=lambda f: f.name):
-        name = None
-        for line in file.read_text().splitlines():
-            if line.startswith("-- name:"):
-                name = line.split(":", 1)[1].strip()
-                if name in queries:
-                    raise ValueError(f"two queries are named {name!r} in sql/{dialect}/")
-                queries[name] = ""
-            elif name is not None and not line.startswith("--"):
-                queries[name] += line + "\n"
-    columns = {"run_columns": RUN_COLUMNS, "approval_columns": APPROVAL_COLUMNS,
-               "audit_columns": AUDIT_COLUMNS,
-               "checkpoint_columns": CHECKPOINT_COLUMNS}  # fmt: skip
-    queries = {k: v.strip().format(**columns) for k, v in queries.items()}
-    migrations = sorted(
-        (int(f.name.split("_", 1)[0]), f.read_text())
-        for f in folder.iterdir()
-        if f.name[:4].isdigit() and f.name.endswith(".sql")
-    )
-    return queries, migrations
+# What the queries of both dialects select by name ({run_columns} ...).
+COLUMNS = {"run_columns": RUN_COLUMNS, "approval_columns": APPROVAL_COLUMNS,
+           "audit_columns": AUDIT_COLUMNS,
+           "checkpoint_columns": CHECKPOINT_COLUMNS}  # fmt: skip
 
 
 def run_from_row(row: Sequence[Any]) -> RunRecord:

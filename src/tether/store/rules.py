@@ -1,15 +1,48 @@
-"""Rules every backend applies the same way: a queue's claim budget, the monitoring counts, and
-the errors of a dedup-key conflict and of a stream append by a worker that lost its run.
-
-Pure functions of the port's records; no database driver, nothing of tether.core.
+"""Small rules the store's operations share: what a duplicate dedup key says, how many runs a
+queue may still start, the counts for monitoring, lost leases explained, and which of a
+writer's stream chunks no reset retracts. Pure functions, no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 
 from tether.errors import DuplicateRun, LeaseLost
-from tether.store.base import Lease, QueueLimits, RunStatus, StoreStats
+from tether.store.port.runs import (
+    Lease,
+    QueueLimits,
+    RunStatus,
+    StoreStats,
+)
+from tether.store.port.streams import StreamEntry, StreamKind
+
+
+def tx_lease_lost(run_id: str, worker_id: str, epoch: int, name: str) -> LeaseLost:
+    """The error for a transaction step of a run whose lease its worker no longer holds."""
+    return LeaseLost(
+        f"worker {worker_id!r} no longer holds run {run_id!r} at epoch {epoch} (another "
+        f"worker adopted it, or it ended); transaction step {name!r} was rolled back, nothing "
+        f"of it was stored, and this worker stops executing the run"
+    )
+
+
+def value_lease_lost(run_id: str, worker_id: str, epoch: int, key: str) -> LeaseLost:
+    """The error for a set_value by a worker that no longer holds the run (nothing written)."""
+    return LeaseLost(
+        f"worker {worker_id!r} no longer holds run {run_id!r} at epoch {epoch} (another worker "
+        f"adopted it, or it ended); its value {key!r} was not stored, and this worker stops "
+        f"executing the run"
+    )
+
+
+def unretracted(entries: Sequence[StreamEntry]) -> list[int]:
+    """The offsets of the chunks among `entries` that no reset among them names, in order."""
+    retracted: set[int] = set()
+    for entry in entries:
+        if entry.kind is StreamKind.RESET:
+            retracted.update(json.loads(entry.data))
+    return [e.offset for e in entries if e.kind is StreamKind.CHUNK and e.offset not in retracted]
 
 
 def duplicate_run(queue: str | None, dedup_key: str | None, holder: str) -> DuplicateRun:

@@ -7,8 +7,8 @@ a graph's `interrupt()` with Tether approvals (docs/langgraph.md).
     values = await run_graph(graph, {...}, thread_id="t-1", reviewers=["sre"])  # in a workflow
 
 `saver` is the BaseCheckpointSaver, `ops` its operations written once for every backend and
-caller, `query` how an operation's statements are run, `sqlite` and `postgres` the connections,
-`sql/` the tables and queries; `interrupts` the approval bridge.
+caller (run by the store's query runner, tether.store.query), `sqlite` and `postgres` the
+connections, `sql/` the tables and queries; `interrupts` the approval bridge.
 """
 
 from tether.integrations.langgraph.interrupts import run_graph

@@ -1,7 +1,7 @@
 """LangGraph's checkpointer operations on TetherSaver's tables, each written once.
 
 Every function here is one operation of `BaseCheckpointSaver` as a generator of queries
-(`query.py`): it encodes values with the saver's serde, yields the statements to run, and
+(`tether.store.query`): it encodes values with the saver's serde, yields the statements to run, and
 decodes what comes back. None touches a connection, so SQLite and PostgreSQL, sync and async
 callers share the code. The storage layout it assumes:
 
@@ -34,7 +34,7 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from tether.integrations.langgraph.query import Op, Row, execute, execute_many, select
+from tether.store.query import Op, Row, execute, execute_many, select
 
 STRATEGIES = ("keep_latest", "delete")
 INLINE_TEXT = 64  # longer strings are stored as blobs, written once per version

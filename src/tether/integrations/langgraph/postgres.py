@@ -22,8 +22,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from tether.errors import StoreUnavailable
-from tether.integrations.langgraph.query import Op, Queries, Query, adrive, drive
 from tether.store.postgres import parse_postgres_url
+from tether.store.query import Op, Queries, Query, adrive, drive
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
@@ -40,7 +40,7 @@ class PostgresDatabase:
         self.url = url
         self._conninfo, self._schema = parse_postgres_url(url)
         self._sizes = (min_size, max_size)
-        self._queries = Queries("postgres")
+        self._queries = Queries(__package__, "postgres")
         self._lock = threading.Lock()
         self._pool: ConnectionPool[Conn] | None = None
         self._apools: dict[asyncio.AbstractEventLoop, asyncio.Task[AsyncConnectionPool[AConn]]]
@@ -107,7 +107,7 @@ class PostgresDatabase:
             if not self._migrated:
                 connect = psycopg.AsyncConnection.connect(self._conninfo)
                 async with await connect as conn, conn.transaction(), conn.cursor() as cursor:
-                    await adrive(self._migration(), partial(_astatement, cursor))
+                    await adrive(self._migration(), partial(_astatement, cursor), threads=True)
                 self._migrated = True
             pool: AsyncConnectionPool[AConn] = AsyncConnectionPool(
                 self._conninfo, min_size=self._sizes[0], max_size=self._sizes[1],
@@ -157,7 +157,7 @@ class PostgresDatabase:
     async def arun(self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False) -> T:
         pool = await self._async_pool()
         async with pool.connection() as conn, conn.cursor() as cursor:
-            return await adrive(make(), partial(_aexecute, cursor, self._queries))
+            return await adrive(make(), partial(_aexecute, cursor, self._queries), threads=True)
 
 
 def _statement(cursor: psycopg.Cursor[Any], statement: Statement) -> Any:

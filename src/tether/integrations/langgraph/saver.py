@@ -40,7 +40,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from tether.errors import ConfigurationError
 from tether.integrations.langgraph import ops
-from tether.integrations.langgraph.query import Op
+from tether.store.query import Op
 
 if TYPE_CHECKING:
     from tether.app import App
@@ -74,8 +74,9 @@ def _database(url: str) -> _Database:
         return PostgresDatabase(url)
     if url.startswith("memory:"):
         raise ConfigurationError(
-            f"TetherSaver stores checkpoints in the App's database, and {url!r} keeps none: "
-            "give the App a sqlite:/// or postgresql:// URL (or use LangGraph's InMemorySaver)"
+            f"TetherSaver stores checkpoints in the App's database, and {url!r} keeps none "
+            "beyond its App (a private temporary file): give the App a sqlite:/// or "
+            "postgresql:// URL (or use LangGraph's InMemorySaver)"
         )
     raise ConfigurationError(
         f"unknown database URL {url!r}: use sqlite:///path/to/file.db or postgresql://user@host/db"

@@ -1,6 +1,6 @@
 """TetherSaver's SQLite connections: one write connection committing in groups, and readers.
 
-The file is opened as Tether's store opens it (`tether.store.sqlite_commit`): WAL, the URL's
+The file is opened as Tether's store opens it (`tether.store.drivers.sqlite`): WAL, the URL's
 `synchronous` (FULL unless the URL says otherwise), a busy timeout; it is the App's file, in
 tables of the saver's own (`tether_lg_*`, created by `sql/sqlite/` migrations recorded in
 `tether_lg_migrations`).
@@ -36,8 +36,8 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from tether.errors import StoreUnavailable
-from tether.integrations.langgraph.query import Op, Queries, Query, drive, prime
-from tether.store.sqlite_commit import parse_sqlite_url
+from tether.store.drivers.sqlite import parse_sqlite_url
+from tether.store.query import Op, Queries, Query, drive, prime
 
 T = TypeVar("T")
 
@@ -242,7 +242,7 @@ class SqliteDatabase:
         self.url = url
         self.path, self.synchronous = parse_sqlite_url(url)
         self._busy_timeout = busy_timeout
-        self._queries = Queries("sqlite")
+        self._queries = Queries(__package__, "sqlite")
         self._lock = threading.Lock()
         self._writer: _Writer | None = None
         self._readers: list[tuple[int, sqlite3.Connection]] = []

@@ -3,7 +3,7 @@
 ALTER TABLE tether_runs ADD COLUMN started_by TEXT;
 
 -- One row per approval. The columns queried or updated on their own sit outside `body`, the
--- JSON of every other field (approval_rows.approval_to_row).
+-- JSON of every other field (rows.approval_to_row).
 CREATE TABLE tether_approvals (
     id          TEXT PRIMARY KEY,
     run_id      TEXT NOT NULL,

@@ -1,24 +1,5 @@
--- Named queries of the PostgreSQL backend for transactions and the outbox (postgres_outbox.py).
--- Outbox rows are always selected in the order of OUTBOX_COLUMNS in outbox_rows.py.
-
--- name: tx_checkpoint
--- A transaction step's checkpoint, fenced by the lease in the same statement, which also locks
--- the run row to the commit: another worker's claim waits for (or skips) the run until this
--- transaction ends, so once it adopts the run it sees the checkpoint and never runs the body
--- again. The row is locked only from the end of the body on (heartbeats update it meanwhile).
-INSERT INTO tether_checkpoints
-    (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,
-     position, args)
-SELECT %(run_id)s, %(seq)s, %(name)s, %(kind)s, %(status)s, %(result)s, %(error)s, %(attempts)s,
-       %(started_at)s, %(finished_at)s, %(retry_at)s, %(position)s, %(args)s
-FROM tether_runs
-WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s
-FOR UPDATE
-ON CONFLICT (run_id, seq) DO UPDATE SET
-    name = excluded.name, kind = excluded.kind, status = excluded.status,
-    result = excluded.result, error = excluded.error, attempts = excluded.attempts,
-    started_at = excluded.started_at, finished_at = excluded.finished_at,
-    retry_at = excluded.retry_at, position = excluded.position, args = excluded.args;
+-- Named queries of the PostgreSQL backend for transactions and the outbox (store/ops/outbox.py).
+-- Outbox rows are always selected in the order of OUTBOX_COLUMNS in rows.py.
 
 -- name: outbox_insert
 INSERT INTO tether_outbox (id, run_id, checkpoint, destination, key, payload, status, next_at,

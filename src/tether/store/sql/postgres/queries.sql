@@ -1,15 +1,17 @@
 -- Named queries of the PostgreSQL backend, one per statement; `-- name:` starts each.
 -- Run columns are always selected in the order of RUN_COLUMNS in rows.py (shared), approvals
--- and audit entries in that of APPROVAL_COLUMNS and AUDIT_COLUMNS in approval_rows.py.
+-- and audit entries in that of APPROVAL_COLUMNS and AUDIT_COLUMNS in rows.py.
 
 -- name: insert_run
+-- Any unique key taken (the id, or the dedup key of an unfinished run of the queue) inserts
+-- nothing: create_run tells the two apart, a schedule skips a slot's run whose key is held.
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
                          deadline_at, parent_id, queue, priority, dedup_key, started_by,
                          started_at, created_at, updated_at, wake_at)
 VALUES (%(id)s, %(workflow)s, %(status)s, %(args)s, %(owner)s, %(epoch)s, %(lease_expires_at)s,
         %(deadline_at)s, %(parent_id)s, %(queue)s, %(priority)s, %(dedup_key)s, %(started_by)s,
         %(started_at)s, %(now)s, %(now)s, %(wake_at)s)
-ON CONFLICT (id) DO NOTHING;
+ON CONFLICT DO NOTHING;
 
 -- name: get_run
 SELECT {run_columns} FROM tether_runs WHERE id = %(id)s;
@@ -92,13 +94,24 @@ FOR UPDATE;
 SELECT {checkpoint_columns} FROM tether_checkpoints WHERE run_id = %(run_id)s ORDER BY seq;
 
 -- name: upsert_checkpoint
+-- The hot path: fenced in the same statement (no row unless the lease is held; the run's row is
+-- share-locked, so a claim that would move it waits for this commit and one that moved it first
+-- makes this insert nothing), bound by position in rows.CHECKPOINT_PARAMS order.
+WITH c (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at,
+        retry_at, worker, epoch, position, args) AS (
+    VALUES (%s::text, %s::integer, %s::text, %s::text, %s::text, %s::text, %s::text,
+            %s::integer, %s::double precision, %s::double precision, %s::double precision,
+            %s::text, %s::integer, %s::text, %s::text))
 INSERT INTO tether_checkpoints
     (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at, retry_at,
      position, args)
-SELECT %(run_id)s, %(seq)s, %(name)s, %(kind)s, %(status)s, %(result)s, %(error)s, %(attempts)s,
-       %(started_at)s, %(finished_at)s, %(retry_at)s, %(position)s, %(args)s
-WHERE EXISTS (SELECT 1 FROM tether_runs WHERE id = %(run_id)s AND status = 'running'
-                                         AND owner = %(worker)s AND epoch = %(epoch)s)
+SELECT c.run_id, c.seq, c.name, c.kind, c.status, c.result, c.error, c.attempts, c.started_at,
+       c.finished_at, c.retry_at, c.position, c.args
+FROM c
+WHERE EXISTS (SELECT 1 FROM tether_runs r
+              WHERE r.id = c.run_id AND r.status = 'running' AND r.owner = c.worker
+                AND r.epoch = c.epoch
+              FOR SHARE OF r)
 ON CONFLICT (run_id, seq) DO UPDATE SET
     name = excluded.name, kind = excluded.kind, status = excluded.status,
     result = excluded.result, error = excluded.error, attempts = excluded.attempts,
@@ -302,6 +315,16 @@ SELECT {audit_columns} FROM tether_approval_audit WHERE approval_id = %(id)s ORD
 -- name: lock_run_status
 SELECT status FROM tether_runs WHERE id = %(id)s FOR UPDATE;
 
+-- name: lock_queue
+SELECT pg_advisory_xact_lock(hashtext(%(lock)s));
+
+-- name: notify
+-- Sent once per transaction by the driver, however many operations in it ask.
+NOTIFY tether;
+
+-- name: lease_state
+SELECT owner, epoch, status FROM tether_runs WHERE id = %(run_id)s;
+
 -- name: put_user
 INSERT INTO tether_users (name, groups, token_hash, created_at, revoked_at)
 VALUES (%(name)s, %(groups)s, %(token_hash)s, %(created_at)s, %(revoked_at)s)
@@ -334,11 +357,10 @@ SELECT ref, "offset" FROM tether_stream_entries
 WHERE run_id = %(run_id)s AND key = %(key)s AND ref = ANY(%(refs)s);
 
 -- name: insert_stream_entries
+-- Bound by position, one row per parameter set (executemany pipelines them).
 INSERT INTO tether_stream_entries (run_id, key, "offset", kind, data, writer, attempt, ref,
                                    created_at)
-SELECT %(run_id)s, %(key)s, o, k, d, w, a, r, %(now)s
-FROM unnest(%(offsets)s::bigint[], %(kinds)s::text[], %(datas)s::text[], %(writers)s::text[],
-            %(attempts)s::integer[], %(refs)s::text[]) AS t (o, k, d, w, a, r);
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s);
 
 -- name: set_stream_next
 UPDATE tether_streams SET next_offset = %(next)s WHERE run_id = %(run_id)s AND key = %(key)s;

@@ -177,8 +177,8 @@ WHERE c.relkind IN ('r', 'p') AND c.relnamespace = current_schema()::regnamespac
 ORDER BY c.relname;
 
 -- name: retention_count_rows
--- {table} is a name from retention_table_sizes, checked by retention_rows.table_name.
-SELECT count(*) FROM {{table}};
+-- {table} is a name from retention_table_sizes, checked by tables.table_name.
+SELECT count(*) FROM {table};
 
 -- name: retention_database_bytes
 SELECT pg_database_size(current_database());

@@ -1,5 +1,5 @@
--- Named queries of the SQLite backend for transactions and the outbox (sqlite_outbox.py).
--- Outbox rows are always selected in the order of OUTBOX_COLUMNS in outbox_rows.py.
+-- Named queries of the SQLite backend for transactions and the outbox (store/ops/outbox.py).
+-- Outbox rows are always selected in the order of OUTBOX_COLUMNS in rows.py.
 
 -- name: outbox_insert
 INSERT INTO tether_outbox (id, run_id, checkpoint, destination, key, payload, status, next_at,

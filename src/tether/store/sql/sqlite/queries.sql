@@ -1,15 +1,17 @@
 -- Named queries of the SQLite backend, one per statement; `-- name:` starts each.
 -- Run columns are always selected in the order of RUN_COLUMNS in rows.py, approvals and audit
--- entries in that of APPROVAL_COLUMNS and AUDIT_COLUMNS in approval_rows.py.
+-- entries in that of APPROVAL_COLUMNS and AUDIT_COLUMNS in rows.py.
 
 -- name: insert_run
+-- Any unique key taken (the id, or the dedup key of an unfinished run of the queue) inserts
+-- nothing: create_run tells the two apart, a schedule skips a slot's run whose key is held.
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
                          deadline_at, parent_id, queue, priority, dedup_key, started_by,
                          started_at, created_at, updated_at, wake_at)
 VALUES (:id, :workflow, :status, :args, :owner, :epoch, :lease_expires_at,
         :deadline_at, :parent_id, :queue, :priority, :dedup_key, :started_by,
         :started_at, :now, :now, :wake_at)
-ON CONFLICT (id) DO NOTHING;
+ON CONFLICT DO NOTHING;
 
 -- name: get_run
 SELECT {run_columns} FROM tether_runs WHERE id = :id;
@@ -165,7 +167,8 @@ RETURNING cancel_requested;
 UPDATE tether_runs
 SET status = 'cancelled', error = :error, owner = NULL, lease_expires_at = NULL, wake_at = NULL,
     wake_on = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now
-WHERE id = :id AND status IN ('pending', 'waiting', 'held');
+WHERE id = :id AND status IN ('pending', 'waiting', 'held')
+RETURNING parent_id;
 
 -- name: cancel_owned
 UPDATE tether_runs SET cancel_requested = 1, updated_at = :now
@@ -270,8 +273,28 @@ VALUES (:approval_id, :seq, :at, :event, :actor, :detail, :prev_hash, :hash);
 -- name: approval_audit
 SELECT {audit_columns} FROM tether_approval_audit WHERE approval_id = :id ORDER BY seq;
 
--- name: run_status
+-- name: lock_run_status
+-- SQLite's write lock, held from a write transaction's first statement, serializes writers: the
+-- lock_ queries are plain reads here (PostgreSQL locks the rows).
 SELECT status FROM tether_runs WHERE id = :id;
+
+-- name: lock_approval
+SELECT {approval_columns} FROM tether_approvals WHERE id = :id;
+
+-- name: approval_run
+SELECT run_id FROM tether_approvals WHERE id = :id;
+
+-- name: lock_run
+-- Nothing to lock (see lock_run_status).
+
+-- name: lock_queue
+-- Claims are serialized by the write lock already.
+
+-- name: notify
+-- Workers on SQLite see commits through PRAGMA data_version: nothing to send.
+
+-- name: lease_state
+SELECT owner, epoch, status FROM tether_runs WHERE id = :run_id;
 
 -- name: put_user
 INSERT INTO tether_users (name, groups, token_hash, created_at, revoked_at)
@@ -293,18 +316,23 @@ SELECT name, groups, token_hash, created_at, revoked_at FROM tether_users ORDER 
 UPDATE tether_users SET revoked_at = coalesce(revoked_at, :now) WHERE name = :name
 RETURNING name, groups, token_hash, created_at, revoked_at;
 
--- name: stream_next_offset
+-- name: lock_stream
+-- The stream's next offset; the write lock makes appenders take turns.
 SELECT coalesce(max("offset") + 1, 0) FROM tether_stream_entries
 WHERE run_id = :run_id AND key = :key;
 
--- name: stream_ref
-SELECT "offset" FROM tether_stream_entries WHERE run_id = :run_id AND key = :key AND ref = :ref;
+-- name: stream_refs
+SELECT ref, "offset" FROM tether_stream_entries
+WHERE run_id = :run_id AND key = :key AND ref IN (SELECT value FROM json_each(:refs));
 
--- name: insert_stream_entry
+-- name: insert_stream_entries
 -- Bound by position (?1..?9): a batch of a step's chunks inserts hundreds of rows at once.
 INSERT INTO tether_stream_entries (run_id, key, "offset", kind, data, writer, attempt, ref,
                                    created_at)
 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9);
+
+-- name: set_stream_next
+-- No counter row to move: the next offset is read from the entries (see lock_stream).
 
 -- name: read_stream
 SELECT "offset", kind, data, writer, attempt, ref, created_at FROM tether_stream_entries

@@ -165,8 +165,8 @@ WHERE type = 'table' AND name LIKE 'tether\_%' ESCAPE '\'
 ORDER BY name;
 
 -- name: retention_count_rows
--- {table} is a name from retention_table_names, checked by retention_rows.table_name.
-SELECT count(*) FROM {{table}};
+-- {table} is a name from retention_table_names, checked by tables.table_name.
+SELECT count(*) FROM {table};
 
 -- name: retention_table_bytes
 -- The bytes of each table with its indexes (the dbstat virtual table, summed per b-tree).

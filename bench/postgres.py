@@ -1,0 +1,223 @@
+"""Engine benchmarks on PostgreSQL (fsync on, synchronous_commit=on): figures and ratios against
+the raw commit rate of the same server measured in the same run. Prints only; asserts nothing.
+
+    python -m bench.postgres [--quick] [--json] [--url postgresql://...]
+
+Without --url a throwaway cluster is made from this machine's server binaries (initdb, pg_ctl),
+durable like a deployment's. The raw rates: one-row INSERT + COMMIT per transaction on one
+connection (the latency bound of a lone writer), and many one-row transactions committed by 8
+connections at once (what the server's own group commit gets from this disk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psycopg
+
+import tether
+from tether.store.postgres import parse_postgres_url
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.postgres_server import LocalPostgres, with_schema  # noqa: E402
+
+from bench.engine import concurrent, make_app, sequential  # noqa: E402
+
+
+@contextmanager
+def server(url: str | None) -> Iterator[str]:
+    if url:
+        yield url
+        return
+    local = LocalPostgres(durable=True)
+    try:
+        local.start()
+        yield local.url
+    finally:
+        local.remove()
+
+
+def raw_commit_rate(url: str, n: int) -> float:
+    conninfo, _ = parse_postgres_url(url)
+    table = f"raw_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, v TEXT)")
+        start = time.perf_counter()
+        for i in range(n):
+            conn.execute(f"INSERT INTO {table} (v) VALUES (%s)", (str(i),))
+        elapsed = time.perf_counter() - start
+        conn.execute(f"DROP TABLE {table}")
+    return n / elapsed
+
+
+async def raw_parallel_rate(url: str, n: int, connections: int = 8) -> float:
+    conninfo, _ = parse_postgres_url(url)
+    table = f"rawp_{uuid.uuid4().hex[:8]}"
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as setup:
+        await setup.execute(f"CREATE TABLE {table} (id BIGSERIAL PRIMARY KEY, v TEXT)")
+
+    async def writer(k: int) -> None:
+        async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+            for i in range(n // connections):
+                await conn.execute(f"INSERT INTO {table} (v) VALUES (%s)", (f"{k}-{i}",))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(writer(k) for k in range(connections)))
+    elapsed = time.perf_counter() - start
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as setup:
+        await setup.execute(f"DROP TABLE {table}")
+    return (n // connections) * connections / elapsed
+
+
+async def large_results(url: str, runs: int) -> float:
+    """Steps per second whose result is 1 MB of text, one run of 5 such steps after another."""
+    app = tether.App(url, max_payload=4 * 1024 * 1024)
+
+    @app.step()
+    async def big(i: int) -> str:
+        return str(i % 10) * (1024 * 1024)
+
+    @app.workflow()
+    async def five() -> int:
+        return sum([len(await big(i)) for i in range(5)])
+
+    async with app:
+        await (await app.start(five)).result()
+        start = time.perf_counter()
+        for _ in range(runs):
+            await (await app.start(five)).result()
+        elapsed = time.perf_counter() - start
+    return runs * 5 / elapsed
+
+
+WORKER = """
+import asyncio, sys
+sys.path.insert(0, {root!r})
+from bench.engine import make_app
+app, ten = make_app({url!r})
+async def main():
+    async with app:
+        while True:
+            await asyncio.sleep(0.2)
+            if await app.engine.store.list_runs(statuses=[
+                    'pending', 'running', 'waiting'], limit=1) == []:
+                return
+asyncio.run(main())
+"""
+
+
+def cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine so far (/proc/stat)."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return sum(fields) - idle, sum(fields)
+
+
+BUSY: dict[int, float] = {}  # workers -> the machine's CPU busy share while they ran
+
+
+async def processes(url: str, runs: int, workers: int) -> float:
+    """Steps per second of `workers` worker processes on runs created beforehand: from the first
+    claim to the last finish, as the database recorded them. The share of the machine's CPU
+    that was busy meanwhile goes to BUSY: near 1.0, more processes cannot go faster here."""
+    app, ten = make_app(url)
+    await app.open()
+    try:
+        for i in range(0, runs, 100):
+            await asyncio.gather(*(app.start(ten, j) for j in range(i, min(runs, i + 100))))
+    finally:
+        await app.close()
+    script = WORKER.format(root=str(ROOT), url=url)
+    before = cpu_times()
+    procs = [subprocess.Popen([sys.executable, "-c", script]) for _ in range(workers)]
+    for proc in procs:
+        if proc.wait(timeout=600) != 0:
+            raise RuntimeError(f"a worker process failed (exit {proc.returncode})")
+    after = cpu_times()
+    BUSY[workers] = (after[0] - before[0]) / max(1, after[1] - before[1])
+    conninfo, schema = parse_postgres_url(url)
+    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        cur = await conn.execute(
+            f'SELECT min(started_at), max(finished_at), count(*) FROM "{schema}".tether_runs '
+            "WHERE status = 'succeeded'"
+        )
+        first, last, done = await cur.fetchone()  # type: ignore[misc]
+    if done != runs:
+        raise RuntimeError(f"{done} of {runs} runs succeeded")
+    return runs * 10 / (last - first)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="fewer iterations")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--url", help="a PostgreSQL database to use instead of a new cluster")
+    args = parser.parse_args()
+    scale = 0.25 if args.quick else 1.0
+    with server(args.url) as base:
+
+        def fresh() -> str:
+            return with_schema(base, f"bench_{uuid.uuid4().hex[:8]}")
+
+        raw = raw_commit_rate(base, int(2000 * scale))
+        raw_parallel = asyncio.run(raw_parallel_rate(base, int(8000 * scale)))
+        seq = asyncio.run(sequential(fresh(), int(100 * scale)))
+        conc = asyncio.run(concurrent(fresh(), 200))
+        big = asyncio.run(large_results(fresh(), max(2, int(20 * scale))))
+        one = asyncio.run(processes(fresh(), int(1000 * scale), 1))
+        two = asyncio.run(processes(fresh(), int(1000 * scale), 2))
+    figures = {
+        "raw_commits_per_s": round(raw),
+        "raw_parallel_commits_per_s": round(raw_parallel),
+        "sequential_steps_per_s": round(seq),
+        "sequential_ratio_to_raw": round(seq / raw, 2),
+        "concurrent_steps_per_s": round(conc),
+        "concurrent_ratio_to_raw_parallel": round(conc / raw_parallel, 2),
+        "large_result_steps_per_s": round(big, 1),
+        "one_process_steps_per_s": round(one),
+        "two_processes_steps_per_s": round(two),
+        "two_processes_ratio": round(two / one, 2),
+        "cpu_busy_one_process": round(BUSY[1], 2),
+        "cpu_busy_two_processes": round(BUSY[2], 2),
+        "cores": os.cpu_count(),
+    }
+    if args.json:
+        print(json.dumps(figures))
+        return
+    print(f"raw PostgreSQL commit, 1 conn   {raw:10,.0f} commits/s")
+    print(f"raw PostgreSQL commit, 8 conns  {raw_parallel:10,.0f} commits/s")
+    print(
+        f"sequential, 10 steps per run    {seq:10,.0f} steps/s   {seq / raw:5.2f} x raw"
+        "   (target >= 0.5 x raw)"
+    )
+    print(
+        f"concurrent, 200 runs x 10 steps {conc:10,.0f} steps/s   "
+        f"{conc / raw_parallel:5.2f} x raw, 8 conns   (target >= 5,000 steps/s)"
+    )
+    print(f"1 MB results                    {big:10,.1f} steps/s             (target >= 150)")
+    print(f"1 worker process                {one:10,.0f} steps/s")
+    print(
+        f"2 worker processes              {two:10,.0f} steps/s   {two / one:5.2f} x one"
+        "   (target >= 1.6 x one)"
+    )
+    print(
+        f"machine CPU busy meanwhile      {BUSY[1]:10.0%} with 1, {BUSY[2]:.0%} with 2 "
+        f"({os.cpu_count()} cores, the database's included)"
+    )
+
+
+if __name__ == "__main__":
+    main()
