@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -25,7 +26,6 @@ from pathlib import Path
 
 import psycopg
 
-import tether
 from tether.store.postgres import parse_postgres_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.postgres_server import LocalPostgres, with_schema  # noqa: E402
 
-from bench.engine import concurrent, make_app, sequential  # noqa: E402
+from bench.engine import concurrent, large_results, make_app, recovery, sequential  # noqa: E402
 
 
 @contextmanager
@@ -81,33 +81,30 @@ async def raw_parallel_rate(url: str, n: int, connections: int = 8) -> float:
     return (n // connections) * connections / elapsed
 
 
-async def large_results(url: str, runs: int) -> float:
-    """Steps per second whose result is 1 MB of text, one run of 5 such steps after another."""
-    app = tether.App(url, max_payload=4 * 1024 * 1024)
+def postgres_recovery(url: str) -> float:
+    conninfo, schema = parse_postgres_url(url)
 
-    @app.step()
-    async def big(i: int) -> str:
-        return str(i % 10) * (1024 * 1024)
+    def finished_at() -> float:
+        with psycopg.connect(conninfo) as conn:
+            row = conn.execute(
+                f'SELECT finished_at FROM "{schema}".tether_runs WHERE id = %s', ("recover-me",)
+            ).fetchone()
+        assert row is not None
+        return float(row[0])
 
-    @app.workflow()
-    async def five() -> int:
-        return sum([len(await big(i)) for i in range(5)])
-
-    async with app:
-        await (await app.start(five)).result()
-        start = time.perf_counter()
-        for _ in range(runs):
-            await (await app.start(five)).result()
-        elapsed = time.perf_counter() - start
-    return runs * 5 / elapsed
+    return recovery(url, finished_at)
 
 
 WORKER = """
-import asyncio, sys
+import asyncio, os, sys
 sys.path.insert(0, {root!r})
 from bench.engine import make_app
 app, ten = make_app({url!r})
 async def main():
+    await app.open()  # connected, migrated: only the claims are left to time
+    open({ready!r} + str(os.getpid()), "w").close()
+    while not os.path.exists({go!r}):
+        await asyncio.sleep(0.002)
     async with app:
         while True:
             await asyncio.sleep(0.2)
@@ -130,8 +127,9 @@ BUSY: dict[int, float] = {}  # workers -> the machine's CPU busy share while the
 
 
 async def processes(url: str, runs: int, workers: int) -> float:
-    """Steps per second of `workers` worker processes on runs created beforehand: from the first
-    claim to the last finish, as the database recorded them. The share of the machine's CPU
+    """Steps per second of `workers` worker processes on runs created beforehand, started and
+    connected first, then let go together: from the first claim to the last finish, as the
+    database recorded them. The share of the machine's CPU
     that was busy meanwhile goes to BUSY: near 1.0, more processes cannot go faster here."""
     app, ten = make_app(url)
     await app.open()
@@ -140,9 +138,16 @@ async def processes(url: str, runs: int, workers: int) -> float:
             await asyncio.gather(*(app.start(ten, j) for j in range(i, min(runs, i + 100))))
     finally:
         await app.close()
-    script = WORKER.format(root=str(ROOT), url=url)
-    before = cpu_times()
+    signals = Path(tempfile.mkdtemp(prefix="tether-bench-"))
+    ready, go = str(signals / "ready-"), str(signals / "go")
+    script = WORKER.format(root=str(ROOT), url=url, ready=ready, go=go)
     procs = [subprocess.Popen([sys.executable, "-c", script]) for _ in range(workers)]
+    while len(list(signals.glob("ready-*"))) < workers:  # every process started and connected
+        if any(p.poll() is not None for p in procs):
+            raise RuntimeError("a worker process ended before it was ready")
+        time.sleep(0.01)
+    before = cpu_times()
+    Path(go).touch()  # all of them claim from now on
     for proc in procs:
         if proc.wait(timeout=600) != 0:
             raise RuntimeError(f"a worker process failed (exit {proc.returncode})")
@@ -177,8 +182,10 @@ def main() -> None:
         seq = asyncio.run(sequential(fresh(), int(100 * scale)))
         conc = asyncio.run(concurrent(fresh(), 200))
         big = asyncio.run(large_results(fresh(), max(2, int(20 * scale))))
-        one = asyncio.run(processes(fresh(), int(1000 * scale), 1))
-        two = asyncio.run(processes(fresh(), int(1000 * scale), 2))
+        rec = postgres_recovery(fresh())
+        # Twice a worker's concurrency (1000), so that two workers both get runs to claim.
+        one = asyncio.run(processes(fresh(), 2000, 1))
+        two = asyncio.run(processes(fresh(), 2000, 2))
     figures = {
         "raw_commits_per_s": round(raw),
         "raw_parallel_commits_per_s": round(raw_parallel),
@@ -187,6 +194,7 @@ def main() -> None:
         "concurrent_steps_per_s": round(conc),
         "concurrent_ratio_to_raw_parallel": round(conc / raw_parallel, 2),
         "large_result_steps_per_s": round(big, 1),
+        "recovery_s": round(rec, 3),
         "one_process_steps_per_s": round(one),
         "two_processes_steps_per_s": round(two),
         "two_processes_ratio": round(two / one, 2),
@@ -208,6 +216,7 @@ def main() -> None:
         f"{conc / raw_parallel:5.2f} x raw, 8 conns   (target >= 5,000 steps/s)"
     )
     print(f"1 MB results                    {big:10,.1f} steps/s             (target >= 150)")
+    print(f"recovery, 0.5 s of work left    {rec:10.3f} s                     (target <= 0.9 s)")
     print(f"1 worker process                {one:10,.0f} steps/s")
     print(
         f"2 worker processes              {two:10,.0f} steps/s   {two / one:5.2f} x one"

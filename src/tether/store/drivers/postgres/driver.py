@@ -92,6 +92,7 @@ class PostgresDriver:
         self._listener: Conn | None = None
         self._listening: asyncio.Task[None] | None = None
         self._changed = False
+        self._own: set[int] = set()  # backend pids of the pool's connections
         self._queued: list[_Write] = []
         self._committers = 0
         self._tasks: set[asyncio.Task[None]] = set()
@@ -99,6 +100,9 @@ class PostgresDriver:
     # -- connections ------------------------------------------------------------------------
 
     async def _configure(self, conn: Conn) -> None:
+        # Notifications this process's own connections send are not news to it (its engine
+        # wakes its own runs): poll_changes reports other processes' commits, as on SQLite.
+        self._own.add(conn.info.backend_pid)
         if self.options.schema is not None:
             await conn.execute(f'SET search_path TO "{self.options.schema}"')
 
@@ -138,8 +142,9 @@ class PostgresDriver:
                     await conn.execute(f"LISTEN {CHANNEL}")
                     self._listener = conn
                     self._changed = True  # notifications may have been missed meanwhile
-                async for _ in conn.notifies(timeout=0.2):
-                    self._changed = True
+                async for note in conn.notifies(timeout=0.2):
+                    if note.pid not in self._own:
+                        self._changed = True
             except psycopg.Error:
                 conn = None
                 await asyncio.sleep(0.1)
@@ -330,13 +335,30 @@ class PostgresDriver:
             raise self._closed()
         loop = asyncio.get_running_loop()
         write = _Write(make, label, multi, loop.create_future())
+        if not multi and not self._committers and not self._queued:
+            # Nobody is committing: a single statement commits at once, in the caller's task
+            # (no hop to a committer); writes that come meanwhile queue for a committer.
+            self._committers += 1
+            try:
+                await self._commit([write])
+            finally:
+                self._committers -= 1
+                if self._queued:
+                    self._start(loop)
+            ok, value = write.outcome
+            if ok:
+                return value  # type: ignore[no-any-return]
+            raise value
         self._queued.append(write)
         if self._committers < COMMITTERS:
-            self._committers += 1
-            task = loop.create_task(self._committer())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(loop)
         return await write.future  # type: ignore[no-any-return]
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._committers += 1
+        task = loop.create_task(self._committer())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _committer(self) -> None:
         try:
@@ -444,23 +466,24 @@ class PostgresDriver:
             # Guarded, many-row and notify statements, and a dialect's empty ones, run on
             # their own after the pipeline (a savepoint cannot share it).
             direct = [self._pipelined(query) for _, _, query in live]
-            results: list[Any] = []
-            async with conn.pipeline() as pipeline:
-                cursors: list[psycopg.AsyncCursor[Any] | None] = []
-                for (_, _, query), pipelined in zip(live, direct, strict=True):
-                    cursor = None
-                    if pipelined:
-                        cursor = conn.cursor()
-                        await cursor.execute(self.queries.sql(query), query.params)
-                    cursors.append(cursor)
-                await pipeline.sync()
-                for cursor in cursors:
-                    if cursor is None:
-                        results.append(None)
-                    elif cursor.description is None:
-                        results.append(cursor.rowcount)
-                    else:
-                        results.append(await cursor.fetchall())
+            # Statements of the same text go in one executemany (one result per parameter
+            # set), the groups side by side in one pipeline.
+            groups: dict[str, list[int]] = {}
+            for i, ((_, _, query), pipelined) in enumerate(zip(live, direct, strict=True)):
+                if pipelined:
+                    groups.setdefault(self.queries.sql(query), []).append(i)
+            results: list[Any] = [None] * len(live)
+            async with conn.pipeline():
+                for sql, members in groups.items():
+                    async with conn.cursor() as cursor:
+                        params = [live[i][2].params for i in members]
+                        await cursor.executemany(sql, params, returning=True)
+                        for i in members:
+                            if cursor.description is None:
+                                results[i] = cursor.rowcount
+                            else:
+                                results[i] = await cursor.fetchall()
+                            cursor.nextset()
             after: list[tuple[_Write, Op[Any], Query]] = []
             for (write, op, query), pipelined, result in zip(live, direct, results, strict=True):
                 try:

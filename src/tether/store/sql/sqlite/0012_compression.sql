@@ -1,0 +1,3 @@
+-- Tether schema v12 for SQLite: nothing to change. On PostgreSQL this migration has large
+-- values compressed with lz4; SQLite stores values as they are. Kept so that both dialects
+-- number their migrations alike.
