@@ -102,7 +102,6 @@ async def run_until_idle(app: App, *, advance: bool = True, timeout: float = 30.
                 if loop.time() - claimed_since < _CLAIM_GRACE:
                     await asyncio.sleep(0.001)
                     continue
-                due, _ = await _next_due(app, None)
             claimed_since = None
             if isinstance(clock, FakeClock):
                 soonest = clock.next_due()
@@ -120,22 +119,21 @@ async def run_until_idle(app: App, *, advance: bool = True, timeout: float = 30.
 _CLAIM_GRACE = 0.25  # real seconds a claimed run may take to get its runner
 
 
-async def _next_due(app: App, worker_id: str | None) -> tuple[float | None, bool]:
+async def _next_due(app: App, worker_id: str) -> tuple[float | None, bool]:
     """When the next run of the app's workflows becomes due (a waiting or pending run's
     wake-up, a running one's lease expiry; held runs left out), and whether a run is running
     under this worker's lease (claimed, its runner about to start: the worker is busy)."""
     names = set(app.engine.workflows)
     statuses = [RunStatus.PENDING, RunStatus.WAITING, RunStatus.RUNNING]
-    times = []
+    times, mine = [], False
     for run in await app.engine.store.list_runs(statuses=statuses, limit=10_000):
         if run.workflow not in names:
             continue
-        if worker_id is not None and run.status is RunStatus.RUNNING and run.owner == worker_id:
-            return None, True
+        mine = mine or (run.status is RunStatus.RUNNING and run.owner == worker_id)
         at = run.lease_expires_at if run.status is RunStatus.RUNNING else run.wake_at
         if at is not None:
             times.append(at)
-    return min(times, default=None), False
+    return min(times, default=None), mine
 
 
 # Times: nothing replay looks at.

@@ -1,17 +1,10 @@
-"""Tether's tables by name: which hold a run's rows (in the order a purge deletes them), the
-statuses retention reads, and the check that a name is Tether's (the only identifier ever put
-into SQL text).
+"""Tether's tables by name: which hold a run's rows (in the order a purge deletes them), and
+the check that a name is Tether's (the only identifier ever put into SQL text).
 """
 
 from __future__ import annotations
 
 import re
-
-ENDED = ("succeeded", "failed", "cancelled", "dead")  # the terminal statuses, as stored
-
-UNFINISHED = ("pending", "running", "waiting", "held")
-
-OUTBOX_DONE = ("delivered", "failed")  # outbox messages retention may delete
 
 # The tables a run's rows live in, in the order a purge deletes them (the run row goes last).
 # tether_streams is PostgreSQL's counter of each stream's next offset.

@@ -60,6 +60,9 @@ class _Tx:
     pipeline: psycopg.AsyncPipeline | None = None
 
 
+_ALONE = object()  # in a lockstep round: a statement not sent in the pipeline
+
+
 class _Undo(Exception):
     """An operation alone in its transaction failed: leave the transaction (rolled back)."""
 
@@ -463,16 +466,15 @@ class PostgresDriver:
             except StopIteration as stop:
                 write.outcome = (True, stop.value)
         while live:
-            # Guarded, many-row and notify statements, and a dialect's empty ones, run on
-            # their own after the pipeline (a savepoint cannot share it).
-            direct = [self._pipelined(query) for _, _, query in live]
             # Statements of the same text go in one executemany (one result per parameter
-            # set), the groups side by side in one pipeline.
+            # set), the groups side by side in one pipeline. Guarded, many-row and notify
+            # statements, and a dialect's empty ones, run on their own after it (a savepoint
+            # cannot share it): their result stays _ALONE.
             groups: dict[str, list[int]] = {}
-            for i, ((_, _, query), pipelined) in enumerate(zip(live, direct, strict=True)):
-                if pipelined:
-                    groups.setdefault(self.queries.sql(query), []).append(i)
-            results: list[Any] = [None] * len(live)
+            for i, (_, _, query) in enumerate(live):
+                if sql := self._pipelined(query):
+                    groups.setdefault(sql, []).append(i)
+            results: list[Any] = [_ALONE] * len(live)
             async with conn.pipeline():
                 for sql, members in groups.items():
                     async with conn.cursor() as cursor:
@@ -485,9 +487,9 @@ class PostgresDriver:
                                 results[i] = await cursor.fetchall()
                             cursor.nextset()
             after: list[tuple[_Write, Op[Any], Query]] = []
-            for (write, op, query), pipelined, result in zip(live, direct, results, strict=True):
+            for (write, op, query), result in zip(live, results, strict=True):
                 try:
-                    if pipelined:
+                    if result is not _ALONE:
                         after.append((write, op, op.send(result)))
                         continue
                     try:
@@ -504,10 +506,11 @@ class PostgresDriver:
                     write.outcome = (False, exc)
             live = after
 
-    def _pipelined(self, query: Query) -> bool:
-        return not (query.guard or query.many or query.name == "notify") and bool(
-            self.queries.sql(query)
-        )
+    def _pipelined(self, query: Query) -> str:
+        """The query's SQL if it may share the pipeline, else ""."""
+        if query.guard or query.many or query.name == "notify":
+            return ""
+        return self.queries.sql(query)
 
     async def _one(self, conn: Conn, write: _Write, tx: _Tx, *, savepoint: bool) -> None:
         """One write of a transaction. An error of the operation's own (a lost lease) is its
