@@ -25,6 +25,64 @@ async def wait_for_status(app: tether.App, run_id: str, status: RunStatus) -> No
             await asyncio.sleep(0.01)
 
 
+async def test_result_of_a_run_executing_here_waits_for_its_end_without_reading_it(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process executing a run is told of its end: result() does not read the run's row
+    first (one read per run saved), and still returns its result."""
+    app = make_app()
+    release = asyncio.Event()
+
+    @app.step()
+    async def held() -> int:
+        await release.wait()
+        return 7
+
+    @app.workflow()
+    async def flow() -> int:
+        return await held() + 1
+
+    async with app:
+        reads: list[str] = []
+        get_run = app.engine.store.get_run
+
+        async def counted(run_id: str) -> object:
+            reads.append(run_id)
+            return await get_run(run_id)
+
+        monkeypatch.setattr(app.engine.store, "get_run", counted)
+        handle = await app.start(flow, id="here")
+        waiting = asyncio.create_task(handle.result())
+        await asyncio.sleep(0.05)
+        assert not waiting.done() and reads == []
+        release.set()
+        assert await waiting == 8
+        assert reads == []
+
+
+async def test_result_of_a_run_that_already_ended_here_reads_it_at_once(
+    make_app: MakeApp,
+) -> None:
+    """Its end came before the caller waited: result() reads the row at once rather than
+    waiting for a wake-up that already happened (or for its poll, a quarter second)."""
+    app = make_app()
+
+    @app.step()
+    async def one() -> int:
+        return 1
+
+    @app.workflow()
+    async def flow() -> int:
+        return await one()
+
+    async with app:
+        handle = await app.start(flow, id="ended")
+        await wait_for_status(app, "ended", RunStatus.SUCCEEDED)
+        assert not app.engine.executing_here("ended")
+        async with asyncio.timeout(0.2):
+            assert await handle.result() == 1
+
+
 async def test_workflow_runs_its_steps_and_returns_their_result(make_app: MakeApp) -> None:
     app = make_app()
 

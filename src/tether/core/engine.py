@@ -170,6 +170,13 @@ class Engine:
         for future in list(self.stream_waiters.get((run_id, key), ())):
             _wake_reader(future)
 
+    def executing_here(self, run_id: str) -> bool:
+        """Whether this process executes the run now: its end (or stop) here will call
+        run_ended, the last thing its execution does, so a waiter registered before need not
+        read the run first."""
+        runner = self.worker.runners.get(run_id) if self.worker is not None else None
+        return runner is not None and runner.task is not None and not runner.task.done()
+
     def run_ended(self, run_id: str, record: RunRecord | None) -> None:
         """Wake this process's callers waiting on the run; `record` is its final state, when
         known (else they read it). Its stream readers look again too."""

@@ -127,14 +127,16 @@ class RunHandle(Generic[R]):
             future: asyncio.Future[RunRecord | None] = loop.create_future()
             engine.wakeups.setdefault(self.id, []).append(future)
             try:
-                if record is None:
+                # A run this process executes wakes us when it ends here: no read needed.
+                if record is None and not engine.executing_here(self.id):
                     record = await self._record()
-                if record.status.terminal:
+                if record is not None and record.status.terminal:
                     return self._outcome(record)
                 wait = _POLL if deadline is None else min(_POLL, deadline - loop.time())
                 if wait <= 0:
+                    state = "running here" if record is None else f"it is {record.status}"
                     raise WaitTimeout(
-                        f"run {self.id!r} did not end within {limit}s (it is {record.status}); "
+                        f"run {self.id!r} did not end within {limit}s ({state}); "
                         f"it goes on: wait again or check `tether runs show {self.id}`"
                     )
                 with contextlib.suppress(TimeoutError):
