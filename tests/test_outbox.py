@@ -19,6 +19,7 @@ from tests.postgres_server import with_schema
 
 import tether
 from tether.errors import ConfigurationError, NotInWorkflow, StepOutcomeUnknown
+from tether.outbox import HttpError
 from tether.store import store_from_url
 from tether.store.memory import MemoryStore
 from tether.store.port import Lease, NewRun, Store, WorkerInfo
@@ -180,6 +181,144 @@ async def test_a_message_whose_retries_run_out_fails_with_its_last_error(
     assert receiver.applied == {}
     assert [m.id for m in await app.list_outbox(status="failed")] == [failed.id]
     assert await app.list_outbox(status="delivered") == []
+
+
+async def test_a_redirect_is_a_failed_attempt_retried_and_only_a_2xx_delivers(
+    make_app: Callable[..., tether.App], receiver: Receiver
+) -> None:
+    app = signed_app(make_app)
+
+    @app.workflow()
+    async def notify() -> None:
+        await tether.outbox(f"{receiver.url}/moved", {"n": 1})
+
+    receiver.plan = [302, 308]  # two redirects (never followed), then the receiver accepts
+    async with app:
+        await (await app.start(notify, id="n")).result()
+        (message,) = await settled(app, 1)
+        assert message.status is OutboxStatus.DELIVERED
+        assert message.attempts == 3
+    assert receiver.keys("/moved") == [message.key] * 3  # every send a POST to the URL given
+    assert [r.path for r in receiver.requests] == ["/moved"] * 3
+    assert all(r.signed for r in receiver.requests)
+
+
+async def test_a_redirect_error_says_what_happened_and_what_to_do(receiver: Receiver) -> None:
+    from tether.outbox.client import Client
+
+    receiver.plan = [301]
+    with pytest.raises(HttpError, match="redirects are not followed") as caught:
+        await Client("test").post(f"{receiver.url}/old", b"{}", {}, timeout=5.0,
+                                  retryable_4xx=())  # fmt: skip
+    assert caught.value.status == 301
+    assert "point the destination at the final URL" in str(caught.value)
+
+
+@pytest.fixture
+def keepalive() -> Iterator[tuple[str, list[int]]]:
+    """An HTTP/1.1 receiver that keeps connections open; it records each POST's client port."""
+    import http.server
+    import threading
+
+    ports: list[int] = []
+
+    class KeepAlive(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["Content-Length"]))
+            ports.append(self.client_address[1])
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            """Quiet."""
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), KeepAlive)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02})
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", ports
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+async def test_a_sender_reuses_one_pooled_connection_for_sends_one_after_another(
+    keepalive: tuple[str, list[int]],
+) -> None:
+    from tether.outbox.client import Client
+
+    url, ports = keepalive
+    client = Client("test")
+    for _ in range(3):
+        assert await client.post(f"{url}/in", b"{}", {}, timeout=5.0, retryable_4xx=()) == 200
+    await client.aclose()
+    assert len(ports) == 3
+    assert len(set(ports)) == 1  # one connection carried the three
+    assert await client.post(f"{url}/in", b"{}", {}, timeout=5.0, retryable_4xx=()) == 200
+    await client.aclose()
+    assert ports[3] != ports[0]  # closed, then a new connection
+
+
+async def test_the_worker_closes_its_http_senders_connections_when_it_stops(
+    make_app: Callable[..., tether.App], keepalive: tuple[str, list[int]]
+) -> None:
+    url, _ = keepalive
+    sender = tether.HttpSender(f"{url}/in")
+    app = make_app(senders={"in": sender})
+
+    @app.workflow()
+    async def one() -> None:
+        await tether.outbox("in", {"n": 1})
+
+    async with app:
+        await (await app.start(one, id="one")).result()
+        (message,) = await settled(app, 1)
+        assert sender._client._http is not None  # the pool is open while the worker runs
+    assert sender._client._http is None  # the worker's end closed it
+    assert message.status is OutboxStatus.DELIVERED
+
+
+@pytest.mark.parametrize(
+    ("url", "seen"),
+    [
+        (
+            "https://ops:pw@hooks.example.com:8443/in?token=t#frag",
+            "https://hooks.example.com:8443/in?…",
+        ),
+        ("http://[::1]:9000/x", "http://[::1]:9000/x"),
+        ("https://hooks.example.com", "https://hooks.example.com"),
+        ("https://user@hooks.example.com/a?b=c", "https://hooks.example.com/a?…"),
+        ("http://h:notaport/x", "<an unparsable URL>"),
+        ("no scheme \x1b[31m", "no scheme \\x1b[31m"),
+    ],
+)
+def test_urls_in_logs_and_errors_lose_their_credentials_and_query(url: str, seen: str) -> None:
+    from tether.outbox.client import shown
+
+    assert shown(url) == seen
+    if url.startswith("http"):
+        assert repr(tether.HttpSender(url)) == f"HttpSender({seen!r})"
+
+
+async def test_a_key_that_cannot_travel_in_a_header_fails_at_once_saying_why(
+    make_app: Callable[..., tether.App], receiver: Receiver
+) -> None:
+    app = signed_app(make_app)
+
+    @app.workflow()
+    async def notify() -> None:
+        await tether.outbox(f"{receiver.url}/k", {"n": 1}, key="order 7\r\nX-Evil: 1")
+
+    async with app:
+        await (await app.start(notify, id="k")).result()
+        (failed,) = await settled(app, 1)
+    assert failed.status is OutboxStatus.FAILED
+    assert failed.attempts == 1
+    assert "cannot travel in an HTTP header" in json.loads(failed.error or "{}")["message"]
+    assert receiver.requests == []
 
 
 async def test_replay_records_no_second_message(

@@ -153,3 +153,42 @@ def test_a_file_on_a_network_filesystem_is_told_apart_from_a_local_one(tmp_path:
     assert network_filesystem("/mnt/shared/smb/tether.db", str(mounts)) == "cifs"
     assert network_filesystem("/mnt/sharedother/tether.db", str(mounts)) is None
     assert network_filesystem("/x.db", str(tmp_path / "missing")) is None
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o000, 0o277])
+async def test_a_new_database_and_its_wal_and_shm_are_private_whatever_the_umask(
+    tmp_path: Path, umask: int
+) -> None:
+    import os
+    import stat
+
+    path = tmp_path / "new.db"
+    old = os.umask(umask)
+    try:
+        store = SqliteStore(f"sqlite:///{path}")
+        await store.open()
+        await store.create_run(NewRun("r1", "wf", "{}"), 1.0)  # the -wal and -shm now exist
+        files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
+        modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in files}
+        await store.close()
+    finally:
+        os.umask(old)
+    assert modes == {"new.db": 0o600, "new.db-wal": 0o600, "new.db-shm": 0o600}
+
+
+async def test_an_existing_database_keeps_its_mode_and_a_readable_one_is_warned_about(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import os
+    import stat
+
+    path = tmp_path / "shared.db"
+    sqlite3.connect(path).close()
+    os.chmod(path, 0o640)  # shared with a group on purpose
+    store = SqliteStore(f"sqlite:///{path}")
+    with caplog.at_level("WARNING", logger="tether.store"):
+        await store.open()
+        await store.close()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+    assert "mode 0o640" in caplog.text
+    assert "chmod 600" in caplog.text

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from tether.webhooks import SIGNATURE_HEADER, verify
+from tether.webhooks import verify
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class Delivery:
     key: str
     message_id: str
     body: Any
-    signed: bool  # a valid Tether-Signature (only checked with a secret)
+    signed: bool  # a valid Standard Webhooks signature (only checked with a secret)
 
 
 class Receiver:
@@ -71,8 +71,7 @@ class Receiver:
         signed = False
         if self.secret is not None:
             with contextlib.suppress(Exception):
-                verify(self.secret, raw, handler.headers.get(SIGNATURE_HEADER, ""),
-                       now=time.time())  # fmt: skip
+                verify(self.secret, raw, handler.headers, now=time.time())
                 signed = True
         key = handler.headers.get("Idempotency-Key", "")
         delivery = Delivery(handler.path, key, handler.headers.get("Tether-Message-Id", ""),

@@ -523,3 +523,23 @@ def test_the_example_resumes_its_graph_without_running_a_finished_node_again(
     )  # fmt: skip
     assert "nodes that ran overall: ['classify', 'draft', 'draft', 'send']" in out.stdout
     assert "tether_lg_checkpoints" in out.stdout
+
+
+def test_a_new_saver_file_and_its_wal_and_shm_are_private_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    import os
+    import stat
+
+    path = tmp_path / "graph.db"
+    old = os.umask(0o022)
+    try:
+        with TetherSaver.from_url(f"sqlite:///{path}") as made:
+            from langgraph.checkpoint.base import empty_checkpoint
+
+            made.put(config("t1"), empty_checkpoint(), {}, {})
+            files = [path, Path(f"{path}-wal"), Path(f"{path}-shm")]
+            modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in files}
+    finally:
+        os.umask(old)
+    assert modes == {"graph.db": 0o600, "graph.db-wal": 0o600, "graph.db-shm": 0o600}

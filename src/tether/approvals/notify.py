@@ -1,28 +1,30 @@
 """Telling the world about approvals: the Notifier interface (a log notifier built in), and
-signed `on_decision` webhooks. Both run as durable steps with retries inside the run.
+`on_decision` webhooks signed in the Standard Webhooks format (tether.webhooks), POSTed over the
+outbox's HTTP client (pooled, redirects never followed). Both run as durable steps with retries
+inside the run.
 
 A notifier or webhook that keeps failing is logged and never fails the run: the decision
-stands whether or not anyone was told. Bodies carry ids and the decision, never the context.
+stands whether or not anyone was told. Bodies carry ids and the decision, never the context;
+logs carry neither the secret nor the body.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from tether.approvals.model import Approval, Decision, decision_from
-from tether.core.context import idempotency_key
+from tether.core.context import current_run, idempotency_key
 from tether.core.retry import Retry
 from tether.core.step import Step
-from tether.errors import ConfigurationError, PermanentError
-from tether.webhooks import SIGNATURE_HEADER, sign
+from tether.errors import ConfigurationError
+from tether.outbox.client import Client, check_url, shown
+from tether.outbox.delivery import SERVICE, Delivery
+from tether.webhooks import check_secret, headers
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine
@@ -99,9 +101,11 @@ WEBHOOK_RETRY = Retry(max_attempts=8, initial_delay=timedelta(seconds=1),
 
 @dataclass(frozen=True, slots=True)
 class Webhook:
-    """POST the decision to `url`, signed with HMAC-SHA256 over a timestamped body (header
-    `Tether-Signature: t=<unix>,v1=<hex>`; check it with `tether.webhooks.verify`). The
-    `Idempotency-Key` header is the same on every retry of one delivery."""
+    """POST the decision to `url` in the Standard Webhooks format: headers `webhook-id` (the
+    delivery's idempotency key, the same on every retry; also sent as `Idempotency-Key`),
+    `webhook-timestamp` and `webhook-signature` (HMAC-SHA256 with `secret`, 16+ characters or
+    `whsec_<base64>`); check them with `tether.webhooks.verify` or any Standard Webhooks
+    library. A redirect is never followed: it is a failed attempt, retried."""
 
     url: str
     secret: str = field(repr=False)
@@ -109,10 +113,18 @@ class Webhook:
     timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.url, str) or not self.url.startswith(("https://", "http://")):
-            raise ConfigurationError(f"a webhook url starts with https:// or http://: {self.url!r}")
-        if not isinstance(self.secret, str) or len(self.secret) < 16:
-            raise ConfigurationError("a webhook secret is a str of at least 16 chars")
+        try:
+            check_url(self.url)
+        except ConfigurationError:
+            raise ConfigurationError(
+                f"a webhook url starts with https:// or http://: {self.url!r}"
+            ) from None
+        check_secret(self.secret, "a webhook")
+        if not isinstance(self.timeout, int | float) or self.timeout <= 0:
+            raise ConfigurationError(f"a webhook timeout is seconds > 0, not {self.timeout!r}")
+
+    def __repr__(self) -> str:
+        return f"Webhook({shown(self.url)!r})"
 
 
 def decision_body(decision: Decision) -> dict[str, Any]:
@@ -129,39 +141,34 @@ def decision_body(decision: Decision) -> dict[str, Any]:
     }
 
 
-async def _post(hook: Webhook, body: bytes) -> int:
-    """One delivery attempt: 2xx is done; 4xx (but 408 and 429) will never succeed."""
-    headers = {
-        "Content-Type": "application/json",
-        "User-Agent": "tether-webhook",
-        "Idempotency-Key": idempotency_key(),
-        SIGNATURE_HEADER: sign(hook.secret, body, int(time.time())),
-    }
-    # The scheme was checked to be http(s) when the Webhook was made.
-    request = urllib.request.Request(hook.url, data=body, headers=headers, method="POST")  # noqa: S310
-
-    def send() -> int:
-        try:
-            with urllib.request.urlopen(request, timeout=hook.timeout) as response:  # noqa: S310
-                return int(response.status)
-        except urllib.error.HTTPError as exc:
-            exc.close()  # it holds the response's socket
-            if 400 <= exc.code < 500 and exc.code not in (408, 429):
-                raise PermanentError(
-                    f"webhook {hook.url} refused the delivery: {exc.code}"
-                ) from None
-            raise ConnectionError(f"webhook {hook.url} answered {exc.code}") from None
-
-    return await asyncio.to_thread(send)
+_RETRYABLE_4XX = frozenset({408, 429})  # the rest of 4xx stops the retries
 
 
 async def deliver_webhook(hook: Webhook, decision: Decision) -> None:
     body = json.dumps(decision_body(decision), sort_keys=True).encode()
-    step: Step[..., int] = Step(_post, name="tether.webhook", retry=hook.retry,
+    delivery = current_run("approval").engine.services.get(SERVICE)
+    pooled = delivery.webhooks if isinstance(delivery, Delivery) else None
+
+    async def post(hook: Webhook, body: bytes) -> int:
+        """One delivery attempt: 2xx is done; 4xx (but 408 and 429) will never succeed."""
+        key = idempotency_key()
+        signed = headers(hook.secret, key, body, int(time.time()))
+        sent = {"Content-Type": "application/json", "Idempotency-Key": key, **signed}
+        if pooled is not None:
+            return await pooled.post(hook.url, body, sent, timeout=hook.timeout,
+                                     retryable_4xx=_RETRYABLE_4XX)  # fmt: skip
+        once = Client("tether-webhook")  # no delivery service to pool with: closed at once
+        try:
+            return await once.post(hook.url, body, sent, timeout=hook.timeout,
+                                   retryable_4xx=_RETRYABLE_4XX)  # fmt: skip
+        finally:
+            await once.aclose()
+
+    step: Step[..., int] = Step(post, name="tether.webhook", retry=hook.retry,
                                 timeout=timedelta(seconds=hook.timeout * 2), at_most_once=False,
                                 reconcile=None)  # fmt: skip
     try:
         await step(hook, body)
     except Exception as exc:
-        log.warning("webhook %s for approval %s failed for good: %s", hook.url,
+        log.warning("webhook %s for approval %s failed for good: %s", shown(hook.url),
                     decision.approval_id, exc)  # fmt: skip

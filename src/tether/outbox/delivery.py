@@ -20,6 +20,7 @@ from tether.core.engine import Engine
 from tether.core.execution import MISSING, retry_store
 from tether.core.retry import Retry
 from tether.errors import ConfigurationError, StepOutcomeUnknown
+from tether.outbox.client import Client, shown
 from tether.outbox.senders import DEFAULT_TIMEOUT, HttpSender, Sender
 from tether.serde import encode_error
 from tether.store.port.outbox import OutboxMessage, OutboxSettlement, OutboxStatus
@@ -46,6 +47,8 @@ class Delivery:
         self.senders = dict(senders)
         self.retry = retry
         self._default_http = HttpSender()
+        # Approval webhooks' pooled connections (tether.approvals.notify), closed with the service.
+        self.webhooks = Client("tether-webhook")
         self._event: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -140,6 +143,17 @@ class Delivery:
                 task.cancel()
             await asyncio.gather(*inflight, return_exceptions=True)
             self._event = self._loop = None
+            await self._close()
+
+    async def _close(self) -> None:
+        """End the HTTP senders' pooled connections (they open new ones when next used)."""
+        owners: list[HttpSender | Client] = [self._default_http, self.webhooks]
+        owners += [s for s in self.senders.values() if isinstance(s, HttpSender)]
+        for owner in owners:
+            try:
+                await owner.aclose()
+            except Exception as exc:
+                log.warning("outbox: closing the connections of %r failed: %s", owner, exc)
 
     async def _deliver(self, message: OutboxMessage) -> None:
         """Send one claimed message and record how it went."""
@@ -157,7 +171,7 @@ class Delivery:
                 return
             if message.attempts > policy.max_attempts:
                 await self._settle(message, OutboxStatus.FAILED, error=StepOutcomeUnknown(
-                    f"outbox message {message.id} (key {message.key}) to {message.destination}: "
+                    f"outbox message {message.id} (key {message.key}) to {_where(message)}: "
                     f"the outcome of {message.uncertain} of its {message.attempts - 1} sends is "
                     f"unknown (the worker died during them) and its retries are spent; check "
                     f"whether the receiver has it, then app.retry_outbox({message.id!r})"
@@ -169,13 +183,13 @@ class Delivery:
         elif policy.retries(error, message.attempts):
             delay = _delay(policy, error, message.attempts)
             log.warning("outbox: sending %s to %s failed (attempt %d), again in %.1fs: %s",
-                        message.id, message.destination, message.attempts, delay,
+                        message.id, _where(message), message.attempts, delay,
                         error)  # fmt: skip
             next_at = self.engine.clock.now() + delay
             await self._settle(message, OutboxStatus.PENDING, error=error, next_at=next_at)
         else:
             log.error("outbox: message %s to %s failed for good after %d attempt(s): %s",
-                      message.id, message.destination, message.attempts, error)  # fmt: skip
+                      message.id, _where(message), message.attempts, error)  # fmt: skip
             await self._settle(message, OutboxStatus.FAILED, error=error)
 
     async def _send(self, sender: Sender, message: OutboxMessage) -> Exception | None:
@@ -186,7 +200,7 @@ class Delivery:
                 await sender.send(message)
         except TimeoutError:
             return TimeoutError(
-                f"sending outbox message {message.id} to {message.destination} took longer "
+                f"sending outbox message {message.id} to {_where(message)} took longer "
                 f"than {timeout}s"
             )
         except Exception as exc:
@@ -237,6 +251,12 @@ class Delivery:
                 "expired); the other claim's outcome stands (both carry key %s)",
                 message.id, message.key,
             )  # fmt: skip
+
+
+def _where(message: OutboxMessage) -> str:
+    """The destination as logs may show it: a URL without its credentials and query."""
+    destination = message.destination
+    return shown(destination) if destination.startswith(("https://", "http://")) else destination
 
 
 def _delay(policy: Retry, error: Exception, attempts: int) -> float:

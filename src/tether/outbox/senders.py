@@ -1,26 +1,26 @@
 """Senders: what delivers an outbox message to its destination. The Sender base class (a send,
 an optional reconcile hook, a retry policy and a timeout) and the built-in HTTP sender, which
-POSTs the payload as JSON with the message's Idempotency-Key and, given a secret, a
-Tether-Signature (tether.webhooks). Senders send; they never touch the store.
+POSTs the payload as JSON over httpx (tether.outbox.client: pooled, redirects never followed)
+with the message's key as its Idempotency-Key and webhook-id and, given a secret, a Standard
+Webhooks signature (tether.webhooks). Senders send; they never touch the store.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping
-from email.utils import parsedate_to_datetime
 
 from tether.core.retry import Retry
 from tether.errors import ConfigurationError, PermanentError
+from tether.outbox.client import Client, HttpError, check_url, shown
 from tether.store.port.outbox import OutboxMessage
-from tether.webhooks import SIGNATURE_HEADER, sign
+from tether.webhooks import ID_HEADER, TIMESTAMP_HEADER, check_secret, sign
 
 DEFAULT_TIMEOUT = 30.0  # seconds a send may take before it counts as failed
 # HTTP statuses that may succeed later (the rest of 4xx never will: a permanent failure).
 _RETRYABLE_4XX = frozenset({408, 409, 425, 429})
+# A key travels in headers: visible ASCII, or the send fails at once saying so.
+_HEADER_SAFE = frozenset(chr(c) for c in range(0x21, 0x7F))
 
 
 class Sender:
@@ -48,23 +48,16 @@ class Sender:
         return None
 
 
-class HttpError(ConnectionError):
-    """The receiver answered with a status that may succeed later (5xx, 408, 409, 425, 429);
-    `retry_after` holds its Retry-After, in seconds, when it gave one."""
-
-    def __init__(self, message: str, *, status: int, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.retry_after = retry_after
-
-
 class HttpSender(Sender):
     """POSTs each message's payload as JSON to `url` (or, without one, to the message's
-    destination, an http(s):// URL), with the headers `Idempotency-Key` (the message's key,
-    the same on every send), `Tether-Message-Id` and, given a `secret` (16+ characters),
-    `Tether-Signature` (check it with `tether.webhooks.verify`). A 2xx answer delivers the
-    message; 5xx, 408, 409, 425, 429 and network errors are retried (Retry-After is honoured);
-    any other status fails it at once."""
+    destination, an http(s):// URL), with the headers `webhook-id` and `Idempotency-Key` (both
+    the message's key, the same on every send), `webhook-timestamp`, `Tether-Message-Id` and,
+    given a `secret` (16+ characters, or `whsec_<base64>`), `webhook-signature` (Standard
+    Webhooks: check it with `tether.webhooks.verify` or any Standard Webhooks library). A 2xx
+    answer delivers the message; a redirect (3xx) is never followed and is a failed attempt;
+    3xx, 5xx, 408, 409, 425, 429 and network errors are retried (Retry-After is honoured);
+    any other status fails it at once. Connections are pooled per sender (`aclose()` ends
+    them; the delivery service does when it stops)."""
 
     def __init__(
         self,
@@ -77,8 +70,8 @@ class HttpSender(Sender):
     ) -> None:
         if url is not None:
             check_url(url)
-        if secret is not None and (not isinstance(secret, str) or len(secret) < 16):
-            raise ConfigurationError("an HttpSender secret is a str of at least 16 characters")
+        if secret is not None:
+            check_secret(secret, "an HttpSender")
         if not isinstance(timeout, int | float) or timeout <= 0:
             raise ConfigurationError(f"an HttpSender timeout is seconds > 0, not {timeout!r}")
         if retry is not None and not isinstance(retry, Retry):
@@ -88,57 +81,37 @@ class HttpSender(Sender):
         self.headers = dict(headers or {})
         self.timeout = float(timeout)
         self.retry = retry
+        self._client = Client("tether-outbox")
 
     def __repr__(self) -> str:
-        return f"HttpSender({self.url!r})"
+        return f"HttpSender({None if self.url is None else shown(self.url)!r})"
 
     async def send(self, message: OutboxMessage) -> None:
         url = self.url or check_url(message.destination)
+        if not set(message.key) <= _HEADER_SAFE:
+            raise PermanentError(
+                f"outbox message {message.id}: its key {message.key!r} cannot travel in an HTTP "
+                f"header (visible ASCII only); record it again with such a key"
+            )
         body = message.payload_json.encode()
+        timestamp = int(time.time())
         headers = {
             "Content-Type": "application/json",
-            "User-Agent": "tether-outbox",
             **self.headers,
             "Idempotency-Key": message.key,
             "Tether-Message-Id": message.id,
+            ID_HEADER: message.key,
+            TIMESTAMP_HEADER: str(timestamp),
         }
         if self.secret is not None:
-            headers[SIGNATURE_HEADER] = sign(self.secret, body, int(time.time()))
-        # The scheme was checked to be http(s).
-        request = urllib.request.Request(url, data=body, headers=headers, method="POST")  # noqa: S310
-        await asyncio.to_thread(self._post, request, url)
+            headers["webhook-signature"] = sign(self.secret, message.key, body, timestamp)
+        await self._client.post(
+            url, body, headers, timeout=self.timeout, retryable_4xx=_RETRYABLE_4XX
+        )
 
-    def _post(self, request: urllib.request.Request, url: str) -> None:
-        try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                response.read()
-        except urllib.error.HTTPError as exc:
-            status, retry_after = exc.code, _retry_after(exc.headers.get("Retry-After"))
-            exc.close()  # it holds the response's socket
-            if 400 <= status < 500 and status not in _RETRYABLE_4XX:
-                raise PermanentError(
-                    f"{url} refused the message with HTTP {status}; it will not accept it as "
-                    f"it is (fix the payload or the receiver, then app.retry_outbox(id))"
-                ) from None
-            raise HttpError(f"{url} answered HTTP {status}", status=status,
-                            retry_after=retry_after) from None  # fmt: skip
+    async def aclose(self) -> None:
+        """End this sender's pooled connections (a later send opens new ones)."""
+        await self._client.aclose()
 
 
-def check_url(url: str) -> str:
-    if not isinstance(url, str) or not url.startswith(("https://", "http://")):
-        raise ConfigurationError(f"an HTTP destination starts with https:// or http://: {url!r}")
-    return url
-
-
-def _retry_after(value: str | None) -> float | None:
-    """Seconds from a Retry-After header (a number of seconds, or an HTTP date)."""
-    if not value:
-        return None
-    text = value.strip()
-    if text.isdigit():
-        return float(text)
-    try:
-        when = parsedate_to_datetime(text)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
+__all__ = ["DEFAULT_TIMEOUT", "HttpError", "HttpSender", "Sender", "check_url"]

@@ -37,6 +37,7 @@ from typing import Any, TypeVar, cast
 
 from tether.errors import StoreUnavailable
 from tether.store.drivers.sqlite import parse_sqlite_url
+from tether.store.drivers.sqlite.commit import create_private
 from tether.store.query import Op, Queries, Query, drive, prime
 
 T = TypeVar("T")
@@ -242,6 +243,7 @@ class SqliteDatabase:
         self.url = url
         self.path, self.synchronous = parse_sqlite_url(url)
         self._busy_timeout = busy_timeout
+        self._created = False  # the file made private (0600) before its first connection
         self._queries = Queries(__package__, "sqlite")
         self._lock = threading.Lock()
         self._writer: _Writer | None = None
@@ -249,6 +251,9 @@ class SqliteDatabase:
         self._generation = 0
 
     def _connect(self) -> sqlite3.Connection:
+        if not self._created:
+            create_private(self.path)
+            self._created = True
         conn = sqlite3.connect(
             self.path, isolation_level=None, check_same_thread=False, timeout=self._busy_timeout
         )

@@ -30,6 +30,7 @@ T = TypeVar("T")
 log = logging.getLogger("tether.store")
 SYNC_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
 JOURNAL_SIZE_LIMIT = 16 * 1024 * 1024  # bytes of -wal file kept after a checkpoint
+PRIVATE = 0o600  # a new database file's mode: its owner alone reads it (-wal, -shm follow)
 
 
 @dataclass(slots=True)
@@ -92,6 +93,34 @@ def network_filesystem(path: str, mounts: str = "/proc/mounts") -> str | None:
         if inside and len(point) >= len(best):
             best, kind = point, fields[2]
     return kind if kind in NETWORK_FILESYSTEMS else None
+
+
+def create_private(path: str) -> None:
+    """Create the database file with mode 0600, whatever the umask, if it does not exist yet:
+    SQLite creates its -wal and -shm files with the main file's mode, so they are 0600 too. An
+    existing file keeps its mode (an operator may share it on purpose), with a warning when
+    other users can read it."""
+    if path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, PRIVATE)
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            mode = os.stat(path).st_mode & 0o777
+            if mode & 0o077:
+                log.warning(
+                    "the SQLite file %s has mode %s: other users of this machine may read "
+                    "it (checkpoints, approvals, token digests); make it private with "
+                    "`chmod 600 %s*` unless you share it on purpose",
+                    path,
+                    oct(mode),
+                    path,
+                )
+        return
+    try:
+        os.fchmod(fd, PRIVATE)  # the umask may have taken bits away (0o277 would leave 0400)
+    finally:
+        os.close(fd)
 
 
 def _locked(exc: sqlite3.OperationalError) -> bool:
@@ -207,10 +236,11 @@ class CommitQueue:
                 shared,
             )
         try:
+            create_private(self.path)
             conn = self._connect(self._busy_timeout, setup=True)
             self._migrate(conn)
             self._inline = self._connect(0)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailable(f"cannot open SQLite database {self.path!r}: {exc}") from exc
         self._conn = conn
         self._loop = asyncio.get_running_loop()
