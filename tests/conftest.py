@@ -28,6 +28,16 @@ MODES = [
 ]  # fmt: skip
 
 
+@pytest.fixture(autouse=True)
+def _no_stored_credential(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI reads a token from $TETHER_TOKEN or the user's credentials file: a developer's
+    own must never reach a test."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.mktemp("config")))
+    monkeypatch.delenv("TETHER_TOKEN", raising=False)
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A PostgreSQL database for the session: $TETHER_TEST_POSTGRES_URL, or a cluster started

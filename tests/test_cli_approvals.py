@@ -1,10 +1,12 @@
-"""`tether approvals` against a real SQLite file: listing, showing (redacted, audited with --as),
-deciding bound to the digest (refusals exit 1 with their reason), quorums, custom options,
-history, verifying the audit chain after tampering, and user text printed literally."""
+"""`tether approvals` against a real SQLite file: listing, showing (redacted, audited as the
+token's user), deciding as the user of a token bound to the digest (refusals exit 1 with their
+reason), cancelling, quorums, custom options, history, verifying the audit chain after
+tampering, and user text printed literally, control characters made visible."""
 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 import shlex
@@ -17,11 +19,14 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
+from rich.text import Text
 
 import tether
 from tether.cli import cli
+from tether.cli.common import SafeConsole
+from tether.users import add_user
 
-ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TETHER_DATABASE_URL": None}
+ENV = {"COLUMNS": "200", "NO_COLOR": "1", "TETHER_DATABASE_URL": None, "TETHER_TOKEN": None}
 EDIT = tether.Option(
     "edit",
     "Edit",
@@ -30,8 +35,9 @@ EDIT = tether.Option(
 )  # fmt: skip
 
 
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(cli, list(args), env=ENV, catch_exceptions=False)
+def invoke(*args: str, env: dict[str, str | None] | None = None) -> Result:
+    return CliRunner().invoke(cli, list(args), env={**ENV, **(env or {})},
+                              catch_exceptions=False)  # fmt: skip
 
 
 def approval_app(url: str) -> tether.App:
@@ -96,9 +102,33 @@ def library(url: str, call: str, *args: Any) -> Any:
     return asyncio.run(main())
 
 
+@pytest.fixture(autouse=True)
+def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A credentials directory of the test's own: never the real user's."""
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    return tmp_path / "config"
+
+
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/approvals.db"
+
+
+@pytest.fixture
+def token(url: str) -> dict[str, str]:
+    """The tokens of alice, bob (no groups), carol (group sre) and mallory (asked of nothing)."""
+
+    async def main() -> dict[str, str]:
+        app = tether.App(url)
+        try:
+            await app.open()
+            return {name: (await add_user(app.engine, name, frozenset(groups)))[1]
+                    for name, groups in [("alice", ()), ("bob", ()), ("carol", ("sre",)),
+                                         ("mallory", ())]}  # fmt: skip
+        finally:
+            await app.close()
+
+    return asyncio.run(main())
 
 
 @pytest.fixture
@@ -174,9 +204,10 @@ def test_show_prints_what_a_reviewer_needs_with_secrets_redacted(
         assert [label, value] in [line.rstrip().split(None, 1) for line in out.splitlines()]
     options = [line.split() for line in out.splitlines() if line.split()[:1] == ["edit"]]
     assert options == [["edit", "Edit", "default", "JSON", "(see", "its", "schema)"]]
-    command = f"approve {ask.id} --as <you> --digest {ask.operation_digest}"
+    command = f"approve {ask.id} --digest {ask.operation_digest}"
     assert f"tether approvals --database {url} {command}" in out
-    assert f"reject {ask.id} --as <you> --digest {ask.operation_digest}" in out
+    assert f"reject {ask.id} --digest {ask.operation_digest}" in out
+    assert "--as" not in out
     assert f"{command} --option edit --response JSON" in out
     as_json = ap(url, "show", ask.id, "--json")
     doc = json.loads(as_json.output)
@@ -192,36 +223,47 @@ def test_show_with_the_default_database_prints_the_command_without_database_opti
     result = CliRunner().invoke(cli, ["approvals", "show", ask.id], catch_exceptions=False,
                                 env={**ENV, "TETHER_DATABASE_URL": url})  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert f"  tether approvals approve {ask.id} --as <you> --digest" in result.output
+    assert f"  tether approvals approve {ask.id} --digest" in result.output
 
 
-def test_show_as_a_reviewer_records_a_viewed_entry(url: str, ask: tether.Approval) -> None:
+def test_show_with_a_token_records_a_viewed_entry_of_its_user(
+    url: str, ask: tether.Approval, token: dict[str, str]
+) -> None:
     assert [e.event for e in library(url, "approval_history", ask.id)] == ["created"]
     plain = ap(url, "show", ask.id)
     assert plain.exit_code == 0
     assert [e.event for e in library(url, "approval_history", ask.id)] == ["created"]
-    viewed = ap(url, "show", ask.id, "--as", "carol", "--group", "sre")
+    claimed = ap(url, "show", ask.id, "--as", "carol")
+    assert claimed.exit_code == 2
+    assert "decisions are authenticated" in claimed.output
+    viewed = ap(url, "show", ask.id, "--token", token["carol"])  # carol: in group sre
     assert viewed.exit_code == 0, viewed.output
-    assert ["you", "may", "decide", "yes"] in [line.split() for line in viewed.output.splitlines()]
+    lines = [line.split() for line in viewed.output.splitlines()]
+    assert ["you", "carol"] in lines
+    assert ["you", "may", "decide", "yes"] in lines
     history = json.loads(ap(url, "history", ask.id, "--json").output)
     assert [(e["seq"], e["event"], e["actor"]) for e in history] == [
         (1, "created", None), (2, "viewed", "carol"),
     ]  # fmt: skip
+    assert history[1]["detail"]["channel"] == "cli"
+    assert history[1]["detail"]["client"].startswith("cli ")
     assert all(datetime.fromisoformat(e["at"]) for e in history)
     table = ap(url, "history", ask.id)
     assert table.exit_code == 0
-    header, created, viewed_row = [line.split() for line in table.output.splitlines()]
+    # The detail column folds over several lines: a row starts with its number.
+    header, *rows = [line.split() for line in table.output.splitlines() if line[:3].strip()]
     assert header == ["#", "at", "event", "actor", "detail"]
+    created, viewed_row = rows
     assert created[0] == "1"
-    assert created[3:] == ["created", '{"title":', '"Deploy', "to", 'prod?"}']
+    assert created[3] == "created"
     assert viewed_row[0] == "2"
-    assert viewed_row[3:] == ["viewed", "carol"]
+    assert viewed_row[3:6] == ["viewed", "carol", '{"channel":']
 
 
 def test_approving_with_a_stale_digest_is_refused_and_leaves_it_pending(
-    url: str, ask: tether.Approval
+    url: str, ask: tether.Approval, token: dict[str, str]
 ) -> None:
-    result = ap(url, "approve", ask.id, "--as", "alice", "--digest", "0" * 64)
+    result = ap(url, "approve", ask.id, "--token", token["alice"], "--digest", "0" * 64)
     assert result.exit_code == 1
     assert result.stderr.startswith("refused (stale_digest): ")
     assert "Traceback" not in result.output
@@ -232,26 +274,28 @@ def test_approving_with_a_stale_digest_is_refused_and_leaves_it_pending(
     )  # fmt: skip
 
 
-def test_approving_with_the_digest_shown_completes_the_run(url: str, ask: tether.Approval) -> None:
+def test_approving_with_the_digest_shown_completes_the_run(
+    url: str, ask: tether.Approval, token: dict[str, str]
+) -> None:
     show = ap(url, "show", ask.id)
-    [line] = [x for x in show.output.splitlines() if f"approve {ask.id} --as <you>" in x
+    [line] = [x for x in show.output.splitlines() if f"approve {ask.id} --digest" in x
               and "--option" not in x]  # fmt: skip
-    words = shlex.split(line.replace("<you>", "alice"))
+    words = shlex.split(line)
     assert words[:2] == ["tether", "approvals"]
-    result = invoke(*words[1:], "--comment", "ship [it]")
+    result = invoke(*words[1:], "--comment", "ship [it]", env={"TETHER_TOKEN": token["alice"]})
     assert result.exit_code == 0, result.output
     assert result.output.strip() == f"{ask.id}: approved by alice"
     assert finish(url, "rel-1") == {"status": "approved", "result": "deployed 1.2.3"}
     shown = ap(url, "show", ask.id)
     assert "ship [it]" in shown.output
     assert "to decide" not in shown.output
-    again = ap(url, "approve", ask.id, "--as", "bob", "--digest", ask.operation_digest)
+    again = ap(url, "approve", ask.id, "--token", token["bob"], "--digest", ask.operation_digest)
     assert again.exit_code == 1
     assert again.stderr.startswith("refused (already_decided): ")
 
 
-def test_rejecting_reaches_the_run(url: str, ask: tether.Approval) -> None:
-    result = ap(url, "reject", ask.id, "--as", "bob", "--digest", ask.operation_digest,
+def test_rejecting_reaches_the_run(url: str, ask: tether.Approval, token: dict[str, str]) -> None:
+    result = ap(url, "reject", ask.id, "--token", token["bob"], "--digest", ask.operation_digest,
                 "--comment", "not today", "--json")  # fmt: skip
     assert result.exit_code == 0, result.output
     decision = json.loads(result.output)
@@ -265,49 +309,57 @@ def test_rejecting_reaches_the_run(url: str, ask: tether.Approval) -> None:
 
 
 def test_a_reviewer_who_is_not_asked_is_refused_and_a_group_admits(
-    url: str, ask: tether.Approval
+    url: str, ask: tether.Approval, token: dict[str, str]
 ) -> None:
-    result = ap(url, "approve", ask.id, "--as", "mallory", "--digest", ask.operation_digest)
+    result = ap(
+        url, "approve", ask.id, "--token", token["mallory"], "--digest", ask.operation_digest
+    )
     assert result.exit_code == 1
     assert result.stderr.startswith("refused (wrong_reviewer): ")
     assert "'mallory'" in result.stderr
-    ok = ap(url, "approve", ask.id, "--as", "carol", "--group", "sre",
+    ok = ap(url, "approve", ask.id, "--token", token["carol"],
             "--digest", ask.operation_digest)  # fmt: skip
     assert ok.exit_code == 0, ok.output
     assert ok.output.strip() == f"{ask.id}: approved by carol"
 
 
-def test_a_quorum_counts_votes_until_enough_distinct_reviewers_approved(url: str) -> None:
+def test_a_quorum_counts_votes_until_enough_distinct_reviewers_approved(
+    url: str, token: dict[str, str]
+) -> None:
     ask = start_pending(url, "rel-q", required=2)
-    first = ap(url, "approve", ask.id, "--as", "alice", "--digest", ask.operation_digest)
+    first = ap(url, "approve", ask.id, "--token", token["alice"], "--digest", ask.operation_digest)
     assert first.exit_code == 0, first.output
     assert first.output.strip() == f"{ask.id}: pending: 1 of 2 approvals (alice)"
     listed = ap(url, "list")
     assert listed.output.splitlines()[0].split()[-1] == "approvals"
     assert listed.output.rstrip().endswith("1 of 2 approvals (alice)")
-    twice = ap(url, "approve", ask.id, "--as", "alice", "--digest", ask.operation_digest)
+    twice = ap(url, "approve", ask.id, "--token", token["alice"], "--digest", ask.operation_digest)
     assert twice.exit_code == 1
     assert twice.stderr.startswith("refused (already_voted): ")
-    second = ap(url, "approve", ask.id, "--as", "bob", "--digest", ask.operation_digest)
+    second = ap(url, "approve", ask.id, "--token", token["bob"], "--digest", ask.operation_digest)
     assert second.exit_code == 0, second.output
     assert second.output.strip() == f"{ask.id}: approved by bob (approvers: alice, bob)"
     assert finish(url, "rel-q")["status"] == "approved"
 
 
-def test_a_custom_option_takes_a_json_response(url: str, ask: tether.Approval) -> None:
+def test_a_custom_option_takes_a_json_response(
+    url: str, ask: tether.Approval, token: dict[str, str]
+) -> None:
     digest = ask.operation_digest
-    bad_json = ap(url, "approve", ask.id, "--as", "alice", "--digest", digest, "--option",
+    bad_json = ap(url, "approve", ask.id, "--token", token["alice"], "--digest", digest, "--option",
                   "edit", "--response", "{arguments: 1}")  # fmt: skip
     assert bad_json.exit_code == 2
     assert "is not JSON text" in bad_json.output
-    invalid = ap(url, "approve", ask.id, "--as", "alice", "--digest", digest, "--option",
+    invalid = ap(url, "approve", ask.id, "--token", token["alice"], "--digest", digest, "--option",
                  "edit", "--response", '{"version": "2"}')  # fmt: skip
     assert invalid.exit_code == 1
     assert invalid.stderr.startswith("refused (invalid_response): ")
-    unknown = ap(url, "approve", ask.id, "--as", "alice", "--digest", digest, "--option", "nope")
+    unknown = ap(
+        url, "approve", ask.id, "--token", token["alice"], "--digest", digest, "--option", "nope"
+    )
     assert unknown.stderr.startswith("refused (unknown_option): ")
-    edit = ap(url, "approve", ask.id, "--as", "alice", "--digest", digest, "--option", "edit",
-              "--response", '{"arguments": {"version": "1.2.4"}}')  # fmt: skip
+    edit = ap(url, "approve", ask.id, "--token", token["alice"], "--digest", digest,
+              "--option", "edit", "--response", '{"arguments": {"version": "1.2.4"}}')  # fmt: skip
     assert edit.exit_code == 0, edit.output
     assert edit.output.strip() == f"{ask.id}: edit by alice"
     assert finish(url, "rel-1") == {
@@ -317,25 +369,35 @@ def test_a_custom_option_takes_a_json_response(url: str, ask: tether.Approval) -
     assert '"version": "1.2.4"' in shown.output  # the response, under the decision
 
 
-def test_deciding_needs_the_reviewer_and_the_digest(url: str, ask: tether.Approval) -> None:
-    no_digest = ap(url, "approve", ask.id, "--as", "alice")
+def test_deciding_needs_a_token_and_the_digest(
+    url: str, ask: tether.Approval, token: dict[str, str]
+) -> None:
+    no_digest = ap(url, "approve", ask.id, "--token", token["alice"])
     assert no_digest.exit_code == 2
     assert "--digest" in no_digest.output
-    no_reviewer = ap(url, "reject", ask.id, "--digest", ask.operation_digest)
-    assert no_reviewer.exit_code == 2
-    assert "--as" in no_reviewer.output
+    no_token = ap(url, "reject", ask.id, "--digest", ask.operation_digest)
+    assert no_token.exit_code == 1
+    assert no_token.stderr.startswith("error: decisions are authenticated: pass --token or "
+                                      "set TETHER_TOKEN")  # fmt: skip
+    for claim in (["--as", "alice"], ["--group", "sre"]):
+        claimed = ap(url, "approve", ask.id, *claim, "--digest", ask.operation_digest)
+        assert claimed.exit_code == 2
+        assert "decisions are authenticated: pass --token or set TETHER_TOKEN" in claimed.output
+        assert "see `tether users add`" in claimed.output
     assert library(url, "get_approval", ask.id).status == "pending"
+    assert [e.event for e in library(url, "approval_history", ask.id)] == ["created"]
 
 
 @pytest.mark.parametrize(
     "command",
-    [["show"], ["history"], ["verify"], ["approve", "--as", "a", "--digest", "d"],
-     ["reject", "--as", "a", "--digest", "d"]],
+    [["show"], ["history"], ["verify"], ["approve", "--digest", "d"],
+     ["reject", "--digest", "d"], ["cancel"]],
 )  # fmt: skip
 def test_an_unknown_approval_id_exits_1_naming_it(
-    url: str, ask: tether.Approval, command: list[str]
+    url: str, ask: tether.Approval, token: dict[str, str], command: list[str]
 ) -> None:
-    result = ap(url, command[0], "ap-nope", *command[1:])
+    result = invoke("approvals", "--database", url, command[0], "ap-nope", *command[1:],
+                    env={"TETHER_TOKEN": token["alice"]})  # fmt: skip
     assert result.exit_code == 1
     assert result.stderr.startswith("error: no approval has id 'ap-nope'")
     assert "Traceback" not in result.output
@@ -350,10 +412,12 @@ def test_approvals_of_a_database_that_does_not_exist_create_nothing(tmp_path: Pa
 
 
 def test_verify_passes_an_intact_trail_and_names_a_tampered_one(
-    url: str, ask: tether.Approval
+    url: str, ask: tether.Approval, token: dict[str, str]
 ) -> None:
     other = start_pending(url, "rel-2")
-    approved = ap(url, "approve", ask.id, "--as", "alice", "--digest", ask.operation_digest)
+    approved = ap(
+        url, "approve", ask.id, "--token", token["alice"], "--digest", ask.operation_digest
+    )
     assert approved.exit_code == 0, approved.output
     intact = ap(url, "verify")
     assert intact.exit_code == 0, intact.output
@@ -381,7 +445,7 @@ def test_verify_passes_an_intact_trail_and_names_a_tampered_one(
     assert one.output.strip() == "1 approvals verified, 0 broken"
 
 
-def test_user_text_with_rich_markup_prints_literally(url: str) -> None:
+def test_user_text_with_rich_markup_prints_literally(url: str, token: dict[str, str]) -> None:
     title = "[red]boom[/red] [bogus style]x[/] :smile:"
     ask = start_pending(url, "rel-m", title=title)
     listed = ap(url, "list")
@@ -391,7 +455,17 @@ def test_user_text_with_rich_markup_prints_literally(url: str) -> None:
     assert shown.exit_code == 0, shown.output
     assert shown.output.splitlines()[0] == title
     comment = "[bold]fine[/bold]"
-    ap(url, "reject", ask.id, "--as", "bob", "--digest", ask.operation_digest, "--comment", comment)
+    ap(
+        url,
+        "reject",
+        ask.id,
+        "--token",
+        token["bob"],
+        "--digest",
+        ask.operation_digest,
+        "--comment",
+        comment,
+    )
     assert comment in ap(url, "show", ask.id).output
     assert comment in ap(url, "history", ask.id).output
 
@@ -412,3 +486,61 @@ def test_approvals_with_app_uses_its_database(
     assert result.exit_code == 0, result.output
     assert f"tether approvals --app cli_approvals_app:app approve {ask.id}" in result.output
     sys.modules.pop("cli_approvals_app", None)
+
+
+def test_cancel_withdraws_it_as_a_reviewer_and_refuses_others(
+    url: str, ask: tether.Approval, token: dict[str, str]
+) -> None:
+    stranger = ap(url, "cancel", ask.id, "--token", token["mallory"])
+    assert stranger.exit_code == 1
+    assert stranger.stderr.startswith("refused (wrong_reviewer): 'mallory' may not cancel")
+    assert library(url, "get_approval", ask.id).status == "pending"
+    anonymous = ap(url, "cancel", ask.id)
+    assert anonymous.exit_code == 1
+    assert "decisions are authenticated" in anonymous.stderr
+    done = ap(url, "cancel", ask.id, "--token", token["carol"], "--reason", "superseded")
+    assert done.exit_code == 0, done.output
+    assert done.output.strip() == f"{ask.id}: cancelled"
+    assert finish(url, "rel-1")["status"] == "cancelled"
+    last = library(url, "approval_history", ask.id)[-1]
+    assert (last.actor, last.detail["channel"]) == ("carol", "cli")
+    again = ap(url, "cancel", ask.id, "--token", token["carol"])
+    assert again.exit_code == 1
+    assert again.stderr.startswith("refused (")
+
+
+def test_login_stores_the_token_0600_and_logout_removes_it(
+    url: str, ask: tether.Approval, token: dict[str, str], config_home: Path
+) -> None:
+    wrong = invoke("login", "--database", url, "--token", "tt_nope")
+    assert wrong.exit_code == 1
+    assert "is not valid in this database" in wrong.stderr
+    stored = config_home / "tether" / "credentials"
+    assert not stored.exists()
+    ok = invoke("login", "--database", url, env={"TETHER_TOKEN": token["carol"]})
+    assert ok.exit_code == 0, ok.output
+    assert ok.stderr.startswith("signed in as carol (groups: sre); token stored in ")
+    assert token["carol"] not in ok.output
+    assert stored.stat().st_mode & 0o777 == 0o600
+    assert json.loads(stored.read_text())["token"] == token["carol"]
+    shown = ap(url, "show", ask.id)  # the stored token is used: the view is carol's
+    assert ["you", "carol"] in [line.split() for line in shown.output.splitlines()]
+    # --token (or $TETHER_TOKEN) wins over the stored one.
+    decided = ap(url, "approve", ask.id, "--token", token["alice"], "--digest",
+                 ask.operation_digest)  # fmt: skip
+    assert decided.output.strip() == f"{ask.id}: approved by alice"
+    out = invoke("logout")
+    assert out.exit_code == 0
+    assert out.stderr.startswith("signed out: removed ")
+    assert not stored.exists()
+    assert invoke("logout").stderr.startswith("not signed in")
+
+
+def test_the_console_shows_control_characters_and_keeps_its_own_styles() -> None:
+    # A real terminal, with colours: what rich writes itself must survive the net.
+    file = io.StringIO()
+    out = SafeConsole(file=file, force_terminal=True, color_system="standard", markup=False)
+    out.print(Text("ok", style="red") + Text(" \x1b[2J\u202eevil\u200b\x9b"))
+    written = file.getvalue()
+    assert written.count("\x1b") == 2, repr(written)  # the style's on and off, nothing else
+    assert "<U+001B>[2J<U+202E>evil<U+200B><U+009B>" in written, repr(written)

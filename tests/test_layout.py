@@ -110,6 +110,7 @@ LAYERS: list[tuple[str, ...]] = [
         "tether.serde",
         "tether.redact",
         "tether.webhooks",
+        "tether.text",
     ),
     ("tether.store.query", "tether.store.tables", "tether.store.drivers.guard"),
     ("tether.store.port",),

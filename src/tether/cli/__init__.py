@@ -1,10 +1,10 @@
-"""The `tether` command line: inspect and cancel runs, send events, decide approvals, check that
-stored histories still replay, and run a worker for an App.
+"""The `tether` command line: inspect and cancel runs, send events, decide approvals (as the user
+of a token: `tether login`), check that stored histories still replay, and run a worker.
 
 A thin shell over the library: this module assembles the root group from one module per
-concept (runs, events, approvals, replay, worker; shared helpers in common). None of them may
-hold engine logic, talk SQL or import a backend: what they need beyond parsing and printing
-belongs in the library.
+concept (runs, events, approvals, credentials, replay, worker; shared helpers in common). None
+of them may hold engine logic, talk SQL or import a backend: what they need beyond parsing and
+printing belongs in the library.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import click
 
 from tether.cli.approvals import approvals
 from tether.cli.common import TetherGroup
+from tether.cli.credentials import login, logout
 from tether.cli.events import events
 from tether.cli.maintenance import gc, status
 from tether.cli.replay import replay_check
@@ -27,11 +28,12 @@ from tether.cli.worker import worker
 @click.version_option(package_name="tether", message="tether %(version)s")
 def cli() -> None:
     """Tether: durable execution of workflows. Inspect, cancel and signal runs, decide
-    approvals, check that stored histories replay under the current code, and run workers."""
+    approvals as the user of a token (`tether login`), check that stored histories replay
+    under the current code, and run workers."""
 
 
-for command in (runs, events, approvals, users, replay_check, serve, worker, schedules,
-                gc, status):  # fmt: skip
+for command in (runs, events, approvals, users, login, logout, replay_check, serve, worker,
+                schedules, gc, status):  # fmt: skip
     cli.add_command(command)
 
 

@@ -1,9 +1,10 @@
-"""`tether approvals list | show | approve | reject | history | verify`: what reviewers and
-auditors do from a terminal: find approvals, read one (redacted), decide it bound to the digest
-they saw, and read or verify the hash-chained audit trail.
+"""`tether approvals list | show | approve | reject | cancel | history | verify`: what reviewers
+and auditors do from a terminal: find approvals, read one (redacted), decide it as the user whose
+token they hold, bound to the digest they saw, and read or verify the hash-chained audit trail.
 
 It must not judge a decision, write the audit trail or talk SQL: App.decide and the store's rules
-do that. It parses, calls the App and renders, printing user text (titles, comments) literally.
+do that; nor take a reviewer's name on trust (tether.cli.credentials). It parses, calls the App
+with channel `cli`, and renders user text literally, with control characters made visible.
 """
 
 from __future__ import annotations
@@ -29,9 +30,19 @@ from tether.cli.common import (
     relative_time,
     run_with_app,
     short_time,
+    shown,
     status_text,
 )
+from tether.cli.credentials import (
+    UNAUTHENTICATED,
+    cli_client,
+    no_claimed_reviewer,
+    signed_in,
+    token_option,
+    token_source,
+)
 from tether.errors import ApprovalRefused
+from tether.redact import redact, redact_text
 from tether.views import approval_json, decision_json, history_json, takes_response
 
 STATUSES = ("pending", "approved", "rejected", "expired", "cancelled", "all")
@@ -78,15 +89,22 @@ def decide_commands(ctx: click.Context, a: Approval) -> list[str]:
     """The commands that decide `a` as its options allow, with the database options this
     command was given, so they can be pasted as they are."""
     base = " ".join(["tether", "approvals", *map(shlex.quote, ctx.obj["prefix"])])
-    tail = f"{shlex.quote(a.id)} --as <you> --digest {a.operation_digest}"
+    # Quoted for the shell, then made visible: an id holding an escape is shown, not obeyed.
+    tail = f"{shlex.quote(a.id)} --digest {shlex.quote(a.operation_digest)}"
     lines = []
     for option in a.options:
         response = " --response JSON" if takes_response(option, a) else ""
         if option.id in ("approve", "reject"):
             lines.append(f"{base} {option.id} {tail}{response}")
         else:
-            lines.append(f"{base} approve {tail} --option {option.id}{response}")
+            lines.append(f"{base} approve {tail} --option {shlex.quote(option.id)}{response}")
     return lines
+
+
+def said(text: str, style: str = "", *, lines: bool = False) -> Text:
+    """Free text people wrote (a title, a description, a comment) as shown: secret shapes in it
+    redacted, like the operation, and hostile characters made visible."""
+    return shown(redact_text(text), style, lines=lines)
 
 
 # -- options ----------------------------------------------------------------------------------
@@ -112,21 +130,20 @@ def group_option(command: F) -> F:
 
 
 def decide_options(command: F) -> F:
-    """--as, --group, --digest and --comment: who decides, bound to what they saw."""
+    """--token, --digest and --comment: who decides (the token's owner), bound to what they
+    saw; --as and --group are refused with the reason."""
+    command = no_claimed_reviewer(command)
+    command = token_option(command)
     command = click.option(
         "--comment", metavar="TEXT", help="Why; kept with the decision and in the audit trail."
     )(command)
-    command = click.option(
+    return click.option(
         "--digest",
         required=True,
         metavar="DIGEST",
         help="The operation digest that `tether approvals show ID` printed. It binds your "
         "decision to the operation you saw: if the operation differs, the decision is refused "
         "(stale_digest).",
-    )(command)
-    command = group_option(command)
-    return click.option(
-        "--as", "name", required=True, metavar="NAME", help="Decide as this reviewer."
     )(command)
 
 
@@ -196,53 +213,56 @@ def approvals_list(
     for a in found:
         expires = Text(relative_time(a.expires_at)) if a.status in OPEN else Text("-", "dim")
         votes = [votes_text(a) if a.required > 1 else ""] if quorum else []
-        table.add_row(Text(a.id), Text(a.title), status_text(a.status), Text(a.run_id),
-                      Text(", ".join(a.reviewers)), expires, *map(Text, votes))  # fmt: skip
+        table.add_row(shown(a.id), said(a.title), status_text(a.status), shown(a.run_id),
+                      shown(", ".join(a.reviewers)), expires, *map(shown, votes))  # fmt: skip
     console().print(table)
 
 
 @approvals.command("show")
 @click.argument("approval_id", metavar="ID")
-@click.option(
-    "--as",
-    "name",
-    metavar="NAME",
-    help="View as this reviewer: the view is recorded in the audit trail (event `viewed`).",
-)
-@group_option
+@token_option
+@no_claimed_reviewer
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
 @click.pass_context
-def approvals_show(
-    ctx: click.Context, approval_id: str, name: str | None, groups: tuple[str, ...], as_json: bool
-) -> None:
+def approvals_show(ctx: click.Context, approval_id: str, token: str | None, as_json: bool) -> None:
     """Show one approval: what it asks, the operation and context (secrets redacted), its
-    options, its operation digest, its decision, and the commands that decide it."""
-    who = reviewer_of(name, groups, "--as")
-    a = run_with_app(ctx, lambda app: app.get_approval(approval_id, viewer=who))
+    options, its operation digest, its decision, and the commands that decide it.
+
+    With a token (--token, $TETHER_TOKEN or `tether login`), the view is recorded in the audit
+    trail as its user's (event `viewed`, once per user) and says whether they may decide."""
+    token, source = token_source(ctx, token)
+
+    async def work(app: App) -> tuple[Approval, Reviewer | None]:
+        who = None if token is None else (await signed_in(app, token, source)).reviewer
+        found = await app.get_approval(approval_id, viewer=who, channel="cli", client=cli_client())
+        return found, who
+
+    a, who = run_with_app(ctx, work)
     commands = decide_commands(ctx, a) if a.status == "pending" else []
     if as_json:
         click.echo(json.dumps({**approval_json(a), "commands": commands}, indent=2))
         return
     out = console()
-    out.print(Text(a.title, style="bold"))
+    out.print(said(a.title, "bold"))
     if a.description:
-        out.print(Text(a.description))
+        out.print(said(a.description, lines=True))
     out.print()
     expires = f"{short_time(a.expires_at)} UTC"
     if a.status in OPEN:
         expires += f" ({relative_time(a.expires_at)})"
     rows: list[tuple[str, str | Text]] = [
-        ("id", Text(a.id)), ("status", status_text(a.status)),
-        ("run", Text(f"{a.run_id} (step {a.step})")), ("reviewers", Text(", ".join(a.reviewers))),
+        ("id", shown(a.id)), ("status", status_text(a.status)),
+        ("run", shown(f"{a.run_id} (step {a.step})")), ("reviewers", shown(", ".join(a.reviewers))),
         ("required", Text(votes_text(a) if a.required > 1 else "1 approval")),
     ]  # fmt: skip
     if a.separate_duties:
-        rows.append(("separate duties", Text(f"yes: {a.starter or 'nobody'} may not decide")))
+        rows.append(("separate duties", shown(f"yes: {a.starter or 'nobody'} may not decide")))
     if a.starter:
-        rows.append(("started by", Text(a.starter)))
+        rows.append(("started by", shown(a.starter)))
     rows += [("created", f"{short_time(a.created_at)} UTC"), ("expires", expires),
-             ("digest", Text(a.operation_digest))]  # fmt: skip
+             ("digest", shown(a.operation_digest))]  # fmt: skip
     if who is not None:
+        rows.append(("you", shown(who.name)))
         rows.append(("you may decide", "yes" if a.may_decide(who) else "no"))
     out.print(fields_grid(rows))
     for title, value in (("operation", a.operation), ("context", a.context)):
@@ -251,35 +271,36 @@ def approvals_show(
     out.print()
     options = new_table("id", "label", "style", "response", title="options")
     for o in a.options:
-        options.add_row(Text(o.id), Text(o.label), Text(o.style),
+        options.add_row(shown(o.id), said(o.label), shown(o.style),
                         "JSON (see its schema)" if takes_response(o, a) else "none")  # fmt: skip
     out.print(options)
     if a.decision is not None:
         show_decision(a.decision)
     for entry in a.outcomes:
-        out.print(Text("outcome ", style="bold") + Text(str(entry.get("outcome"))))
+        out.print(Text("outcome ", style="bold") + shown(entry.get("outcome")))
         if entry.get("detail") is not None:
             out.print(pretty_json(entry.get("detail")))
     if commands:
-        out.print(Text("\nto decide (--digest binds your decision to the operation above):",
+        out.print(Text("\nto decide (as the user of your token: --token, $TETHER_TOKEN or "
+                       "`tether login`; --digest binds your decision to the operation above):",
                        style="bold"))  # fmt: skip
         pasteable = console(soft_wrap=True)  # a command is never broken over lines
         for line in commands:
-            pasteable.print(Text(f"  {line}"))
+            pasteable.print(shown(f"  {line}"))
 
 
 def show_decision(decision: Decision) -> None:
     rows: list[tuple[str, str | Text]] = [("status", status_text(decision.status))]
     if decision.option:
-        rows.append(("option", Text(decision.option)))
+        rows.append(("option", shown(decision.option)))
     if decision.reviewer:
-        rows.append(("by", Text(decision.reviewer)))
+        rows.append(("by", shown(decision.reviewer)))
     if len(decision.approvers) > 1:
-        rows.append(("approvers", Text(", ".join(decision.approvers))))
+        rows.append(("approvers", shown(", ".join(decision.approvers))))
     if decision.decided_at is not None:
         rows.append(("at", f"{short_time(decision.decided_at)} UTC"))
     if decision.comment:
-        rows.append(("comment", Text(decision.comment)))
+        rows.append(("comment", said(decision.comment, lines=True)))
     out = console()
     out.print(Text("\ndecision", style="bold"))
     out.print(fields_grid(rows))
@@ -292,16 +313,24 @@ def decide_and_print(
     ctx: click.Context,
     approval_id: str,
     option: str,
-    reviewer: Reviewer,
+    token: str | None,
     digest: str,
     comment: str | None,
     response: Any,
     as_json: bool,
 ) -> None:
+    """Decide as the token's user, never as a name given here: one operator holding one token
+    is one reviewer, however many times they run the command."""
+    token, source = token_source(ctx, token)
+    if token is None:
+        raise CliError(UNAUTHENTICATED)
+
     async def work(app: App) -> tuple[Decision, Approval]:
-        decision = await app.decide(approval_id, option, reviewer=reviewer,
+        user = await signed_in(app, token, source)
+        decision = await app.decide(approval_id, option, reviewer=user.reviewer,
                                     operation_digest=digest, comment=comment,
-                                    response=response)  # fmt: skip
+                                    response=response, channel="cli",
+                                    client=cli_client())  # fmt: skip
         return decision, await app.get_approval(approval_id)
 
     try:
@@ -312,13 +341,13 @@ def decide_and_print(
         click.echo(json.dumps({**decision_json(decision), "required": approval.required},
                               indent=2))  # fmt: skip
         return
-    line = Text(f"{approval_id}: ") + status_text(decision.status)
+    line = shown(f"{approval_id}: ") + status_text(decision.status)
     if decision.status == "pending":
-        line += Text(f": {votes_text(approval)}")
+        line += shown(f": {votes_text(approval)}")
     else:
-        line += Text(f" by {decision.reviewer}")
+        line += shown(f" by {decision.reviewer}")
         if len(decision.approvers) > 1:
-            line += Text(f" (approvers: {', '.join(decision.approvers)})")
+            line += shown(f" (approvers: {', '.join(decision.approvers)})")
     console().print(line)
 
 
@@ -344,23 +373,22 @@ def decide_and_print(
 def approvals_approve(
     ctx: click.Context,
     approval_id: str,
-    name: str,
-    groups: tuple[str, ...],
+    token: str | None,
     digest: str,
     comment: str | None,
     option: str,
     response: Any,
     as_json: bool,
 ) -> None:
-    """Approve the approval ID as reviewer --as NAME (or decide it with another --option).
+    """Approve the approval ID as the user whose token you hold (or decide it with another
+    --option). The token: --token, $TETHER_TOKEN, or the one `tether login` stored.
 
     --digest is the operation digest that `tether approvals show ID` prints: the decision is
     bound to the operation you saw, and refused if it differs. When several approvals are
-    required, each counts once until enough distinct reviewers approved. A refusal (wrong
-    reviewer, stale digest, expired, already decided, ...) prints its reason and exits 1.
+    required, each user counts once until enough distinct reviewers approved. A refusal
+    (wrong reviewer, stale digest, expired, already decided, ...) prints its reason and exits 1.
     """
-    reviewer = Reviewer(name, frozenset(groups))
-    decide_and_print(ctx, approval_id, option, reviewer, digest, comment, response, as_json)
+    decide_and_print(ctx, approval_id, option, token, digest, comment, response, as_json)
 
 
 @approvals.command("reject")
@@ -371,20 +399,56 @@ def approvals_approve(
 def approvals_reject(
     ctx: click.Context,
     approval_id: str,
-    name: str,
-    groups: tuple[str, ...],
+    token: str | None,
     digest: str,
     comment: str | None,
     as_json: bool,
 ) -> None:
-    """Reject the approval ID as reviewer --as NAME: its run sees `rejected`, not approved.
+    """Reject the approval ID as the user whose token you hold: its run sees `rejected`, not
+    approved. The token: --token, $TETHER_TOKEN, or the one `tether login` stored.
 
     --digest is the operation digest that `tether approvals show ID` prints: the decision is
     bound to the operation you saw, and refused if it differs. A refusal prints its reason and
     exits 1.
     """
-    reviewer = Reviewer(name, frozenset(groups))
-    decide_and_print(ctx, approval_id, "reject", reviewer, digest, comment, None, as_json)
+    decide_and_print(ctx, approval_id, "reject", token, digest, comment, None, as_json)
+
+
+@approvals.command("cancel")
+@click.argument("approval_id", metavar="ID")
+@token_option
+@no_claimed_reviewer
+@click.option(
+    "--reason",
+    default="cancelled",
+    show_default=True,
+    metavar="TEXT",
+    help="Why it is withdrawn; kept in the audit trail.",
+)
+@click.pass_context
+def approvals_cancel(ctx: click.Context, approval_id: str, token: str | None, reason: str) -> None:
+    """Withdraw the pending approval ID as the user whose token you hold (one of its reviewers,
+    or group admin): its run sees `cancelled`, never approved."""
+    token, source = token_source(ctx, token)
+    if token is None:
+        raise CliError(UNAUTHENTICATED)
+
+    async def work(app: App) -> Decision:
+        user = await signed_in(app, token, source)
+        found = await app.get_approval(approval_id)
+        if not (user.is_admin or found.may_decide(user.reviewer)):
+            raise Refused(
+                f"refused (wrong_reviewer): {user.name!r} may not cancel approval "
+                f"{approval_id!r}: only its reviewers and group admin may"
+            )
+        return await app.cancel_approval(approval_id, actor=user.name, reason=reason,
+                                         channel="cli", client=cli_client())  # fmt: skip
+
+    try:
+        decision = run_with_app(ctx, work)
+    except ApprovalRefused as exc:
+        raise Refused(f"refused ({exc.reason}): {exc}") from exc
+    console().print(shown(f"{approval_id}: ") + status_text(decision.status))
 
 
 @approvals.command("history")
@@ -399,9 +463,11 @@ def approvals_history(ctx: click.Context, approval_id: str, as_json: bool) -> No
         return
     table = new_table("#", "at", "event", "actor", "detail")
     for e in entries:
-        detail = json.dumps(e.detail, sort_keys=True, ensure_ascii=False) if e.detail else ""
-        table.add_row(str(e.seq), short_time(e.at), Text(e.event), Text(e.actor or ""),
-                      Text(detail))  # fmt: skip
+        detail = (
+            json.dumps(redact(e.detail), sort_keys=True, ensure_ascii=False) if e.detail else ""
+        )
+        table.add_row(str(e.seq), short_time(e.at), shown(e.event), shown(e.actor or ""),
+                      shown(detail))  # fmt: skip
     console().print(table)
 
 
@@ -410,21 +476,31 @@ def approvals_history(ctx: click.Context, approval_id: str, as_json: bool) -> No
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object instead of text.")
 @click.pass_context
 def approvals_verify(ctx: click.Context, approval_id: str | None, as_json: bool) -> None:
-    """Verify the hash-chained audit trail of every approval (or of approval ID).
+    """Verify every approval (or approval ID) against its hash-chained audit trail.
 
-    Names each approval whose trail was edited, cut short or had entries deleted, with what
-    is wrong; exits 1 if any is broken, 0 if all are intact.
+    Names each approval whose trail was edited, cut short or had entries deleted, whose row
+    was rewritten (reviewers, quorum, separation of duties, operation, digest, expiry, status,
+    who decided), and each approval a run created that was deleted with its trail; exits 1 if
+    any is broken, 0 if all are intact. Approvals made before Tether committed their fixed
+    fields to the trail are counted as "not covered" (their chain and status are checked).
     """
-    checked = run_with_app(ctx, lambda app: app.verify_approvals(approval_id))
-    broken = {aid: problems for aid, problems in checked.items() if problems}
+    checked = run_with_app(ctx, lambda app: app.check_approvals(approval_id))
+    broken = {aid: list(c.problems) for aid, c in checked.items() if c.problems}
+    uncovered = sorted(aid for aid, c in checked.items() if not c.covered and not c.problems)
     if as_json:
         rows = [{"id": aid, "problems": problems} for aid, problems in broken.items()]
-        click.echo(json.dumps({"verified": len(checked), "broken": rows}, indent=2))
+        report: dict[str, Any] = {"verified": len(checked), "broken": rows}
+        if uncovered:  # only approvals made before the commitment: most databases have none
+            report["not_covered"] = uncovered
+        click.echo(json.dumps(report, indent=2))
     else:
         out = console()
         for aid, problems in broken.items():
-            out.print(Text(f"{aid}: ", style="bold red") + Text("; ".join(problems)))
+            out.print(shown(f"{aid}: ", "bold red") + shown("; ".join(problems)))
         summary = f"{len(checked)} approvals verified, {len(broken)} broken"
+        if uncovered:
+            summary += (f", {len(uncovered)} not covered (made before their fixed fields were "
+                        "committed to the trail)")  # fmt: skip
         out.print(summary, style="red" if broken else "green")
     if broken:
         ctx.exit(1)

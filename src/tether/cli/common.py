@@ -1,6 +1,7 @@
 """What every command of the `tether` command line shares: the database options, loading an
 App from `module:attribute`, running library calls on an event loop, errors without tracebacks,
-and the rendering helpers (tables, statuses, times, a console that prints user text literally).
+and the rendering helpers (tables, statuses, times, a console that prints user text literally
+and shows terminal escapes, control, bidi and zero-width characters visibly, never raw).
 
 It must not know any one command, hold engine logic, talk SQL or import a backend.
 """
@@ -11,18 +12,20 @@ import asyncio
 import importlib
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
 from rich.console import Console
+from rich.segment import Segment
 from rich.table import Table
 from rich.text import Text
 
 from tether.app import App
 from tether.errors import ConfigurationError, TetherError
 from tether.store import database_exists, default_url
+from tether.text import visible
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -41,9 +44,8 @@ class CliError(click.ClickException):
     prefix = "error: "
 
     def show(self, file: Any = None) -> None:
-        Console(stderr=True, highlight=False, soft_wrap=True).print(
-            f"{self.prefix}{self.message}", style="red", markup=False, emoji=False
-        )
+        # Messages quote ids, names and errors that users and workflows wrote.
+        console(stderr=True, soft_wrap=True).print(shown(f"{self.prefix}{self.message}", "red"))
 
 
 class TetherGroup(click.Group):
@@ -56,10 +58,40 @@ class TetherGroup(click.Group):
             raise CliError(str(exc)) from exc
 
 
+class SafeConsole(Console):
+    """A rich Console that passes every piece of text it writes through tether.text.visible:
+    whatever a renderable holds, an escape sequence, a C0/C1 control, a bidi override or a
+    zero-width character reaches the terminal as visible text (`<U+001B>`, `<U+202E>`). Rich's own
+    control segments and the styles it renders are not text, so colours still work. This is
+    the net under `shown()`, which escapes at the source so that widths are measured right."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(lines_visible(segment.text), segment.style)
+            for segment in buffer
+        )
+
+
 def console(*, stderr: bool = False, soft_wrap: bool = False) -> Console:
     """A console that prints strings literally: titles, comments and error messages come from
-    users and workflows, so `[red]` or `:smile:` in them is text, never markup or an emoji."""
-    return Console(stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=soft_wrap)
+    users and workflows, so `[red]` or `:smile:` in them is text, never markup or an emoji,
+    and a terminal escape in them is shown, never obeyed (SafeConsole)."""
+    return SafeConsole(
+        stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=soft_wrap
+    )
+
+
+def lines_visible(text: str) -> str:
+    """visible() keeping newlines (and tabs) but not a carriage return: on a terminal it would
+    move back over what was written and hide it."""
+    return visible(text, newlines=True).replace("\r", "\\r")
+
+
+def shown(value: object, style: str = "", *, lines: bool = False) -> Text:
+    """`value` as text to print: control, bidi and zero-width characters made visible, never
+    read as markup. A newline is shown as `\\n` too (one value, one line) unless `lines`."""
+    text = str(value)
+    return Text(lines_visible(text) if lines else visible(text, newlines=False), style=style)
 
 
 def load_app(ref: str) -> App:

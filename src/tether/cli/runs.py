@@ -23,6 +23,7 @@ from tether.cli.common import (
     new_table,
     run_with_app,
     short_time,
+    shown,
     status_text,
 )
 from tether.core.handle import ForkInfo, RunInfo
@@ -91,7 +92,8 @@ def runs_list(
     for i in infos:
         times = short_time(i.created_at), short_time(i.finished_at or i.updated_at)
         error_type = (i.error or {}).get("type", "")
-        table.add_row(i.id, i.workflow, status_text(i.status), str(i.attempt), *times, error_type)
+        table.add_row(shown(i.id), shown(i.workflow), status_text(i.status), str(i.attempt),
+                      *times, shown(error_type))  # fmt: skip
     console().print(table)
 
 
@@ -127,30 +129,33 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
         return
     out = console()
     rows: list[tuple[str, str | Text]] = [
-        ("id", info.id), ("workflow", info.workflow), ("status", status_text(info.status)),
+        ("id", shown(info.id)), ("workflow", shown(info.workflow)),
+        ("status", status_text(info.status)),
         ("attempt", str(info.attempt)), ("failures", str(info.failures)),
-        ("owner", info.owner or ""),
+        ("owner", shown(info.owner or "")),
         ("created", short_time(info.created_at)), ("updated", short_time(info.updated_at)),
         ("finished", short_time(info.finished_at)),
     ]  # fmt: skip
     if info.fork is not None:
-        rows.append(("forked from", f"{info.fork.source_run_id} at step {info.fork.from_step}"))
+        fork = info.fork
+        rows.append(("forked from", shown(f"{fork.source_run_id} at step {fork.from_step}")))
     if links.forks:
-        rows.append(("forks", ", ".join(f"{f.run_id} (from step {f.from_step})"
-                                        for f in links.forks)))  # fmt: skip
+        rows.append(("forks", shown(", ".join(f"{f.run_id} (from step {f.from_step})"
+                                              for f in links.forks))))  # fmt: skip
     out.print(fields_grid(rows))
     steps = new_table("position", "name", "kind", "status", "attempts", "ms", "error",
                       title="steps")  # fmt: skip
     for cp in checkpoints:
         row = checkpoint_json(cp)
         ms = "" if row["duration_ms"] is None else f"{row['duration_ms']:.1f}"
-        steps.add_row(cp.at, cp.name, cp.kind, status_text(cp.status), str(cp.attempts),
-                      ms, first_line(row["error"]))  # fmt: skip
+        steps.add_row(str(cp.at), shown(cp.name), shown(cp.kind), status_text(cp.status),
+                      str(cp.attempts), ms, shown(first_line(row["error"])))  # fmt: skip
     out.print(steps if checkpoints else Text("no steps recorded", style="dim"))
     if values:
         table = new_table("key", "version", "set", "value", title="values")
-        for v, shown in values:
-            table.add_row(v.key, str(v.version), short_time(v.set_at), json.dumps(shown)[:200])
+        for v, plain in values:
+            table.add_row(shown(v.key), str(v.version), short_time(v.set_at),
+                          shown(json.dumps(plain)[:200]))  # fmt: skip
         out.print(table)
     if info.status is RunStatus.SUCCEEDED:
         # The decoded value (its type shows) unless the redactor had something to hide.
@@ -158,19 +163,19 @@ def runs_show(ctx: click.Context, run_id: str, as_json: bool) -> None:
                   Pretty(result if shown_result == encoded else shown_result))  # fmt: skip
         return
     if info.status is RunStatus.DEAD:
-        out.print(Text("dead-lettered ", style="bold red") + Text(dead_reason(info)))
+        out.print(Text("dead-lettered ", style="bold red") + shown(dead_reason(info)))
     elif info.status is RunStatus.HELD:
         out.print(Text("held ", style="bold yellow") + Text(held_reason(info.id)))
         if isinstance(shown_error, dict):  # the whole divergence: both sequences, the diff
-            out.print(Text(str(shown_error.get("message", ""))))
+            out.print(shown(shown_error.get("message", ""), lines=True))
         return
     elif info.failures and info.error:  # not dead yet: the last failed execution
         out.print(Text(f"failed executions in a row: {info.failures} ", style="bold yellow")
                   + Text("(tried again after a backoff)"))  # fmt: skip
     if isinstance(shown_error, dict):
-        out.print(Text("error ", style="bold red") + Text(first_line(shown_error)))
+        out.print(Text("error ", style="bold red") + shown(first_line(shown_error)))
         if shown_error.get("traceback"):
-            out.print(Text(str(shown_error["traceback"]).rstrip(), style="dim"))
+            out.print(shown(str(shown_error["traceback"]).rstrip(), "dim", lines=True))
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +203,7 @@ def runs_cancel(ctx: click.Context, run_id: str) -> None:
         return before, await handle.status()
 
     before, after = run_with_app(ctx, work)
-    line = Text(f"run {run_id!r}: ") + status_text(after)
+    line = shown(f"run {run_id!r}: ") + status_text(after)
     if before.terminal:
         line += Text(" (it had already finished; nothing changed)", style="dim")
     elif not after.terminal:
@@ -223,7 +228,7 @@ def runs_resume(ctx: click.Context, run_id: str) -> None:
         return await handle.status()
 
     status = run_with_app(ctx, work)
-    console().print(Text(f"run {run_id!r}: ") + status_text(status)
+    console().print(shown(f"run {run_id!r}: ") + status_text(status)
                     + Text(" (a worker resumes it from its checkpoints)"))  # fmt: skip
 
 
@@ -262,6 +267,6 @@ def runs_fork(
         click.echo(json.dumps(doc, indent=2))
         return
     step = info.fork.from_step if info.fork is not None else from_step
-    console().print(Text(f"run {info.id!r} forked from {run_id!r} at step {step!r}: ")
+    console().print(shown(f"run {info.id!r} forked from {run_id!r} at step {step!r}: ")
                     + status_text(info.status)
                     + Text(" (a worker executes it from that step)"))  # fmt: skip

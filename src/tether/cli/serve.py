@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Sequence
+from datetime import timedelta
 
 import click
 
@@ -18,22 +20,41 @@ from tether.errors import ConfigurationError
 from tether.telemetry.logs import install_logging
 
 
-async def run_server(app: App, host: str, port: int, *, worker: bool, secure: bool) -> None:
+def server_settings(secure: bool, origins: Sequence[str]) -> bytes | None:
+    """The session secret from TETHER_SESSION_SECRET (None: a random one per start), after the
+    checks that make a misconfigured server refuse to start rather than run weakly."""
+    from tether.server.auth import session_secret
+    from tether.server.http import Site
+
+    Site(origins)  # each must be an origin
+    text = os.environ.get("TETHER_SESSION_SECRET")
+    if secure and not origins:
+        raise ConfigurationError(
+            "--secure-cookies serves behind a proxy whose public origin this server cannot "
+            "see: name it with --origin https://tether.example.com"
+        )
+    return None if not text else session_secret(text)
+
+
+async def run_server(
+    app: App, host: str, port: int, *, worker: bool, secure: bool,
+    origins: Sequence[str] = (), idle: timedelta | None = None,
+) -> None:  # fmt: skip
     import uvicorn
 
     from tether.server import create_server
 
-    secret_hex = os.environ.get("TETHER_SESSION_SECRET")
-    try:
-        secret = bytes.fromhex(secret_hex) if secret_hex else None
-    except ValueError:
-        raise ConfigurationError("TETHER_SESSION_SECRET must be hex (e.g. 64 hex digits)") from None
-    server = create_server(app, secret=secret, secure_cookies=secure)
+    secret = server_settings(secure, origins)
+    server = create_server(app, secret=secret, secure_cookies=secure, origins=origins,
+                           session_idle=idle or timedelta(minutes=30))  # fmt: skip
     # Open SSE streams would hold a graceful stop forever; browsers reconnect by themselves.
+    # log_config=None: uvicorn's own handlers would write its records (tracebacks of ASGI
+    # errors included) past Tether's formatter, which neutralises control characters and
+    # redacts secrets; its loggers propagate to the one install_logging sets up instead.
     config = uvicorn.Config(server, host=host, port=port, log_level="info", access_log=False,
-                            proxy_headers=secure, server_header=False,
+                            proxy_headers=secure, server_header=False, log_config=None,
                             timeout_graceful_shutdown=5)  # fmt: skip
-    install_logging()  # after uvicorn's logging setup: Tether's records say [run=... step=...]
+    install_logging()  # Tether's records say [run=... step=...]
     if worker:
         async with app:
             await uvicorn.Server(config).serve()
@@ -58,10 +79,21 @@ async def run_server(app: App, host: str, port: int, *, worker: bool, secure: bo
     is_flag=True,
     help="Behind an https proxy: mark cookies Secure and trust X-Forwarded-* headers.",
 )
-def serve(app_ref: str, host: str, port: int, worker: bool, secure_cookies: bool) -> None:
+@click.option("--origin", "origins", multiple=True, metavar="URL",
+              help="A public origin (https://tether.example.com), repeatable; a request "
+              "whose Host is not one is refused. Default: the bound address.")  # fmt: skip
+@click.option("--session-idle", type=click.IntRange(1, 12 * 60), default=30, show_default=True,
+              help="Minutes without a request after which an inbox session ends.")  # fmt: skip
+def serve(
+    app_ref: str, host: str, port: int, worker: bool, secure_cookies: bool,
+    origins: tuple[str, ...], session_idle: int,
+) -> None:  # fmt: skip
     """Serve the JSON API (/api, OpenAPI at /openapi.json), the inbox (/) and /metrics of the
     App at MODULE:APP. Users and their tokens: `tether users add NAME`. Set
-    TETHER_SESSION_SECRET (hex) to keep inbox sessions across restarts."""
+    TETHER_SESSION_SECRET (32 bytes or more: `python -c "import secrets;
+    print(secrets.token_urlsafe(32))"`) so that a restart keeps inbox sessions' cookies."""
+    server_settings(secure_cookies, origins)  # refuse a bad setting before loading the App
     app = load_app(app_ref)
     click.echo(f"tether serve: http://{host}:{port}/ on {app.url}", err=True)
-    asyncio.run(run_server(app, host, port, worker=worker, secure=secure_cookies))
+    asyncio.run(run_server(app, host, port, worker=worker, secure=secure_cookies,
+                           origins=origins, idle=timedelta(minutes=session_idle)))  # fmt: skip

@@ -1,7 +1,8 @@
 """`tether worker`: run the worker of an App until SIGINT or SIGTERM, releasing in-flight runs
 on stop for the next worker to resume.
 
-Starts and stops the App's own worker; it must not claim or execute runs itself.
+Starts and stops the App's own worker; it must not claim or execute runs itself, nor print a
+database password.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import click
 
 from tether.app import App
 from tether.cli.common import load_app
+from tether.redact import redact_text  # a PostgreSQL URL may hold its password
 from tether.telemetry.logs import install_logging
+from tether.text import visible
 
 
 async def serve(app: App, concurrency: int | None, queues: tuple[str, ...] = ()) -> None:
@@ -33,10 +36,11 @@ async def serve(app: App, concurrency: int | None, queues: tuple[str, ...] = ())
             served = app.engine.worker.served() if app.engine.worker else []
             names = ", ".join(sorted(served)) or "(none)"
             where = f", queues {', '.join(queues)}" if queues else ""
-            click.echo(
-                f"tether worker {worker_id} started on {app.url} "
+            line = (
+                f"tether worker {worker_id} started on {redact_text(app.url)} "
                 f"(concurrency {app.engine.settings.concurrency}{where}); workflows: {names}"
             )
+            click.echo(visible(line, newlines=False))
             await stop.wait()
     finally:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -1,9 +1,12 @@
-"""Log records that say where they come from: the run, its workflow and the step attempt.
+"""Log records that say where they come from (the run, its workflow and the step attempt) and
+that cannot lie about it: SafeFormatter writes one record as one line, whatever a title, a run
+id or an argument holds (control characters shown as escapes, a newline as `\\n`), and hides
+secret shapes (tether.redact.redact_text) in everything it writes.
 
 RunContextFilter reads Tether's context variables, so it works for any logger, Tether's or the
 user's, in workflow code, in async steps and in sync steps (their threads carry the context).
 A handler filter sees every record the handler emits, whichever logger made it; that is why
-the filter goes on the handler, not on a logger.
+the filter goes on the handler, not on a logger. Neither may change a record other handlers see.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import sys
 from typing import IO
 
 from tether.core.context import ambient
+from tether.redact import redact_text
+from tether.text import visible
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s [run=%(run_id)s step=%(step)s] %(message)s"
 
@@ -32,6 +37,34 @@ class RunContextFilter(logging.Filter):
                 record.workflow = ""
             record.step = step.name if step is not None else ""
         return True
+
+
+class SafeFormatter(logging.Formatter):
+    """A Formatter that neither forges lines nor leaks secrets. Every string field of the record
+    (the message with its arguments, the logger name, run id, workflow, step, extras) is shown
+    with control, bidi and zero-width characters escaped, so a record is one line. A traceback
+    keeps its lines, each indented, so no line of it starts where a record would. Last, secret
+    shapes (keys, tokens, passwords in URLs) in the whole text are redacted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        safe = logging.makeLogRecord(dict(record.__dict__))  # other handlers keep the original
+        try:
+            message = record.getMessage()
+        except (TypeError, ValueError):  # args that do not fit msg: say so, still one line
+            message = f"{record.msg!r} % {record.args!r}"
+        safe.msg, safe.args = message, None
+        for key, value in list(vars(safe).items()):
+            if isinstance(value, str) and key not in ("exc_text", "stack_info"):
+                setattr(safe, key, visible(value, newlines=False))
+        if record.exc_info and not record.exc_text:
+            safe.exc_text = self.formatException(record.exc_info)
+        safe.exc_info = None  # formatted once above, from the original record
+        for key in ("exc_text", "stack_info"):
+            text = getattr(safe, key, None)
+            if text:
+                lines = visible(text, newlines=True).replace("\r", "\\r").split("\n")
+                setattr(safe, key, "\n".join(lines[:1] + ["  " + line for line in lines[1:]]))
+        return redact_text(super().format(safe))
 
 
 class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
@@ -56,7 +89,8 @@ def install_logging(
     level: int | str = logging.INFO, *, stream: IO[str] | None = None, fmt: str = LOG_FORMAT
 ) -> logging.Handler:
     """Log every record at `level` or above to `stream` (stderr) as `fmt`, which may use
-    %(run_id)s, %(workflow)s and %(step)s. Sets the root logger's level, like basicConfig.
+    %(run_id)s, %(workflow)s and %(step)s; one record, one line (SafeFormatter), secrets
+    redacted. Sets the root logger's level, like basicConfig.
     Called again, it reconfigures the handler it installed instead of adding another."""
     root = logging.getLogger()
     handler = next((h for h in root.handlers if isinstance(h, _Handler)), None)
@@ -66,7 +100,7 @@ def install_logging(
         root.addHandler(handler)
     elif stream is not None:
         handler.stream = stream
-    handler.setFormatter(logging.Formatter(fmt))
+    handler.setFormatter(SafeFormatter(fmt))
     handler.setLevel(level)
     root.setLevel(level)
     return handler
