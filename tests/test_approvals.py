@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,6 +19,7 @@ import pytest
 
 import tether
 from tether import webhooks
+from tether.approvals.digest import digest_key
 from tether.store.port import RunStatus
 from tether.testing import FakeClock, fake_app, run_until_idle
 
@@ -33,6 +35,12 @@ async def pending(app: tether.App, run_id: str) -> tether.Approval:
             if found:
                 return found[0]
             await asyncio.sleep(0.005)
+
+
+async def digest(app: tether.App, run_id: str, step: str, operation: Any) -> str:
+    """The digest the app's database binds `operation` at `step` of `run_id` to (keyed)."""
+    key = await digest_key(app.engine.store, app.engine.clock.now())
+    return tether.operation_digest(run_id, step, operation, key=key)
 
 
 def deploy_app(make: MakeApp, effects: list[str], **approval: Any) -> tether.App:
@@ -74,7 +82,7 @@ async def test_an_approved_decision_resumes_the_run_which_acts_once(make_app: Ma
         assert ask.reviewers == ("alice", "group:sre")
         assert [o.id for o in ask.options] == ["approve", "reject"]
         assert ask.starter == "carol"
-        assert ask.operation_digest == tether.operation_digest("rel-1", "approval", OPERATION)
+        assert ask.operation_digest == await digest(app, "rel-1", "approval", OPERATION)
         decision = await app.decide(
             ask.id, "approve", reviewer="alice", operation_digest=ask.operation_digest,
             comment="ship it",
@@ -121,10 +129,16 @@ async def test_reviewers_see_the_context_and_operation_redacted(make_app: MakeAp
     text = json.dumps([ask.context, ask.operation])
     for secret in ("hunter2", "tok_live_123", "eyJzdWIiOiIxIn0", "abc.def.ghi"):
         assert secret not in text
-    assert ask.operation == {"tool": "refund", "arguments": {"amount": "10", "token": "[redacted]"}}
-    # The digest binds the raw operation, not the redacted view.
+    # What runs is hidden but visibly so: its length and a keyed fingerprint are shown.
+    shown = ask.operation["arguments"]
+    assert shown["amount"] == "10"
+    assert re.fullmatch(r"\[hidden secret, 12 chars, fp [0-9a-f]{12}; it runs as given\]",
+                        shown["token"]), shown  # fmt: skip
+    # The digest binds the raw operation, not the masked view, under the database's key.
     raw_op = {"tool": "refund", "arguments": raw}
-    assert ask.operation_digest == tether.operation_digest("pay-1", "approval", raw_op)
+    async with app:
+        assert ask.operation_digest == await digest(app, "pay-1", "approval", raw_op)
+    assert ask.operation_digest != tether.operation_digest("pay-1", "approval", raw_op)
 
 
 @pytest.mark.parametrize(
@@ -284,14 +298,15 @@ async def test_an_edit_changes_the_operation_which_gets_its_own_digest(make_app:
         second = asks[0]
         edited = {"tool": "deploy", "arguments": {"version": "1.1"}}
         assert second.operation == edited
-        assert second.operation_digest == tether.operation_digest("edit-1", "approval#2", edited)
+        assert second.operation_digest == await digest(app, "edit-1", "approval#2", edited)
+        first_digest = await digest(app, "edit-1", "approval", edited)
         await app.decide(second.id, "approve", reviewer="alice",
                          operation_digest=second.operation_digest)  # fmt: skip
         result = await handle.result(timeout=10)
     assert result["first"] == "edit"
     assert result["second"] == "approved"
     assert result["operation"] == edited
-    assert result["digest"] == tether.operation_digest("edit-1", "approval", edited)
+    assert result["digest"] == first_digest
     assert result["digest"] != ask.operation_digest
 
 
@@ -402,12 +417,12 @@ class Recorder:
 
 class Receiver(BaseHTTPRequestHandler):
     fail_first = 1
-    seen: ClassVar[list[tuple[int, bytes, str, str]]] = []
+    seen: ClassVar[list[tuple[int, bytes, dict[str, str], str]]] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
         code = 503 if len(self.seen) < self.fail_first else 200
-        self.seen.append((code, body, self.headers[webhooks.SIGNATURE_HEADER],
+        self.seen.append((code, body, {k.lower(): v for k, v in self.headers.items()},
                           self.headers["Idempotency-Key"]))  # fmt: skip
         self.send_response(code)
         self.end_headers()
@@ -447,13 +462,14 @@ async def test_notifiers_are_told_once_and_the_webhook_is_signed_and_retried_by_
         assert await handle.result(timeout=10) == "approved"
     assert recorder.calls == [("requested", "Go?"), ("decided", "approved")]
     assert [code for code, *_ in Receiver.seen] == [503, 200]
-    (_, body, _signature, key), (_, body2, signature2, key2) = Receiver.seen
+    (_, body, _headers, key), (_, body2, headers2, key2) = Receiver.seen
     assert key == key2
     assert key.startswith("tether-")
     assert body == body2
-    webhooks.verify(secret, body2, signature2, now=time.time())
+    # Standard Webhooks: the webhook-id is the idempotency key, inside what is signed.
+    assert webhooks.verify(secret, body2, headers2, now=time.time()) == key
     with pytest.raises(webhooks.WebhookSignatureError):
-        webhooks.verify("x" * 32, body2, signature2, now=time.time())
+        webhooks.verify("x" * 32, body2, headers2, now=time.time())
     data = json.loads(body2)
     assert (data["approval_id"], data["status"], data["reviewer"]) == (ask.id, "approved", "alice")
     assert "context" not in data
@@ -527,3 +543,264 @@ def test_the_blocking_twin_lists_decides_and_reads_the_history(tmp_path: Any) ->
         events = [e.event for e in client.approval_history(shown.id)]
         assert events == ["created", "viewed", "decided"]
         assert client.verify_approvals() == {shown.id: []}
+
+
+# -- issue 17: decisions that hold, a trail that covers the row --------------------------------
+
+
+@pytest.mark.parametrize("word", ["pending", "approved", "rejected", "expired", "cancelled"])
+def test_an_option_named_like_a_status_is_refused_with_what_to_use(word: str) -> None:
+    with pytest.raises(tether.ConfigurationError, match="reserved") as refused:
+        tether.Option(word, "Ship it")
+    assert "'approve'" in str(refused.value)
+
+
+def edit_app(make: MakeApp, effects: list[str]) -> tether.App:
+    app = make()
+    approve = tether.Option("approve", "Approve", schema={"type": ["object", "null"]})
+
+    @app.step()
+    async def deploy(arguments: dict[str, Any]) -> None:
+        effects.append(json.dumps(arguments, sort_keys=True))
+
+    @app.workflow()
+    async def release(version: str) -> str:
+        operation = {"tool": "deploy", "arguments": {"version": version}}
+        decision = await tether.approval("Deploy?", operation=operation, reviewers=["*"],
+                                         options=[approve, tether.APPROVE_REJECT[1]],
+                                         required=2)  # fmt: skip
+        if decision.approved:
+            await deploy(decision.operation["arguments"])
+        return decision.status
+
+    return app
+
+
+async def test_a_quorum_refuses_an_approval_with_another_edit_than_the_pending_one(
+    make_app: MakeApp,
+) -> None:
+    effects: list[str] = []
+    app = edit_app(make_app, effects)
+    good = {"arguments": {"version": "1.2.3"}}
+    async with app:
+        handle = await app.start("release", "1.2.3", id="rel-edit", started_by="carol")
+        ask = await pending(app, "rel-edit")
+        await app.decide(ask.id, "approve", reviewer="alice", operation_digest=ask.operation_digest,
+                         response=good)  # fmt: skip
+        evil = {"arguments": {"version": "6.6.6-evil", "force": True}}
+        with pytest.raises(tether.ApprovalRefused, match="approve that one or reject") as no:
+            await app.decide(ask.id, "approve", reviewer="bob",
+                             operation_digest=ask.operation_digest, response=evil)  # fmt: skip
+        assert no.value.reason == "differing_edit"
+        assert "1.2.3" in str(no.value)
+        assert (await app.get_approval(ask.id)).status == "pending"
+        # The identical edit counts towards the quorum.
+        done = await app.decide(ask.id, "approve", reviewer="bob",
+                                operation_digest=ask.operation_digest, response=good)  # fmt: skip
+        assert (done.status, done.approvers) == ("approved", ("alice", "bob"))
+        assert await handle.result(timeout=10) == "approved"
+    assert effects == ['{"version": "1.2.3"}']
+    refused = [e for e in await app.approval_history(ask.id) if e.event == "refused"]
+    assert [(e.actor, e.detail["reason"]) for e in refused] == [("bob", "differing_edit")]
+
+
+async def test_separate_duties_without_a_known_starter_fails_the_run_at_creation(
+    make_app: MakeApp,
+) -> None:
+    app = deploy_app(make_app, [], separate_duties=True)
+    async with app:
+        handle = await app.start("release", "1.0", id="rel-nobody")
+        with pytest.raises(tether.RunFailed, match="started_by="):
+            await handle.result(timeout=10)
+        assert await app.list_approvals(status=None, run_id="rel-nobody") == []
+
+
+async def test_a_metrics_only_service_account_never_decides_even_for_anyone(
+    make_app: MakeApp,
+) -> None:
+    app = deploy_app(make_app, [], reviewers=["*", "scraper"])
+    scraper = tether.Reviewer("scraper", frozenset({"metrics"}))
+    async with app:
+        await app.start("release", "1.0", id="rel-svc")
+        ask = await pending(app, "rel-svc")
+        assert not ask.may_decide(scraper)
+        assert await app.list_approvals(reviewer=scraper) == []
+        with pytest.raises(tether.ApprovalRefused, match="service account") as refused:
+            await app.decide(ask.id, "approve", reviewer=scraper,
+                             operation_digest=ask.operation_digest)  # fmt: skip
+        assert refused.value.reason == "wrong_reviewer"
+        # A person who also reads metrics is no service account.
+        both = tether.Reviewer("dana", frozenset({"metrics", "sre"}))
+        assert ask.may_decide(both)
+        assert [a.id for a in await app.list_approvals(reviewer=both)] == [ask.id]
+
+
+async def test_every_entry_records_the_channel_and_client_and_views_are_recorded_once(
+    make_app: MakeApp,
+) -> None:
+    app = deploy_app(make_app, [])
+    async with app:
+        await app.start("release", "1.0", id="rel-ch")
+        ask = await pending(app, "rel-ch")
+        for _ in range(3):
+            await app.get_approval(ask.id, viewer="alice", channel="inbox", client="10.0.0.7")
+        await app.get_approval(ask.id, viewer="bob", channel="api", client="10.0.0.8")
+        with pytest.raises(tether.ApprovalRefused):
+            await app.decide(ask.id, "approve", reviewer="mallory",
+                             operation_digest=ask.operation_digest, channel="api",
+                             client="10.0.0.9")  # fmt: skip
+        await app.decide(ask.id, "reject", reviewer="alice", operation_digest=ask.operation_digest,
+                         channel="cli", client="host-1/4242")  # fmt: skip
+        with pytest.raises(tether.ConfigurationError, match="channel is one of"):
+            await app.decide(ask.id, "approve", reviewer="alice",
+                             operation_digest=ask.operation_digest, channel="email")  # fmt: skip
+        with pytest.raises(tether.ConfigurationError, match="client"):
+            await app.get_approval(ask.id, viewer="carol", client="x" * 201)
+        trail = await app.approval_history(ask.id)
+    seen = [(e.event, e.actor, e.detail.get("channel"), e.detail.get("client")) for e in trail]
+    assert seen == [
+        ("created", None, None, None),
+        ("viewed", "alice", "inbox", "10.0.0.7"),
+        ("viewed", "bob", "api", "10.0.0.8"),
+        ("refused", "mallory", "api", "10.0.0.9"),
+        ("decided", "alice", "cli", "host-1/4242"),
+    ]
+
+
+async def test_cancelling_records_the_channel_and_the_client(make_app: MakeApp) -> None:
+    app = deploy_app(make_app, [])
+    async with app:
+        await app.start("release", "1.0", id="rel-cc")
+        ask = await pending(app, "rel-cc")
+        await app.cancel_approval(ask.id, actor="ops", channel="cli", client="box/77")
+        last = (await app.approval_history(ask.id))[-1]
+    assert (last.event, last.detail["channel"], last.detail["client"]) == (
+        "cancelled", "cli", "box/77")  # fmt: skip
+
+
+async def test_the_reviewer_sees_a_hidden_value_flagged_and_a_fake_secret_in_full(
+    make_app: MakeApp,
+) -> None:
+    app = make_app()
+
+    @app.workflow()
+    async def call(arguments: dict[str, str]) -> str:
+        decision = await tether.approval("Call?", operation={"tool": "call",
+                                         "arguments": arguments}, reviewers=["*"])  # fmt: skip
+        return decision.status
+
+    async with app:
+        await app.start(call, {"auth_token": "; rm -rf /srv/data", "api_key": "k" * 18,
+                               "note": "use tt_" + "a" * 30}, id="call-1")  # fmt: skip
+        ask = await pending(app, "call-1")
+        again = await app.get_approval(ask.id)
+    shown = ask.operation["arguments"]
+    assert shown["auth_token"].startswith("[WARNING: not a secret-like value, shown in full")
+    assert '"; rm -rf /srv/data"' in shown["auth_token"]
+    assert re.fullmatch(r"\[hidden secret, 18 chars, fp [0-9a-f]{12}; it runs as given\]",
+                        shown["api_key"])  # fmt: skip
+    assert "a" * 30 not in shown["note"]
+    assert "hidden secret, 33 chars" in shown["note"]
+    assert again.operation == ask.operation  # one fingerprint per value, every time
+
+
+async def test_verify_finds_a_rewritten_row_who_decided_and_a_deleted_approval(
+    tmp_path: Any,
+) -> None:
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    app = deploy_app(lambda: tether.App(url), [], required=2)
+    sre = tether.Reviewer("ann", frozenset({"sre"}))
+    async with app:
+        for run_id in ("v-quorum", "v-who", "v-gone", "v-fine"):
+            await app.start("release", "1.0", id=run_id, started_by="carol")
+            ask = await pending(app, run_id)
+            if run_id != "v-fine":
+                await app.decide(ask.id, "approve", reviewer=sre,
+                                 operation_digest=ask.operation_digest)  # fmt: skip
+                await app.decide(ask.id, "approve", reviewer="alice",
+                                 operation_digest=ask.operation_digest)  # fmt: skip
+        ids = {a.run_id: a.id for a in await app.list_approvals(status=None)}
+        assert all(p == [] for p in (await app.verify_approvals()).values())
+    with sqlite3.connect(tmp_path / "v.db") as db:
+        db.execute("UPDATE tether_approvals SET body = json_set(body, '$.required', 1) "
+                   "WHERE id = ?", (ids["v-quorum"],))  # fmt: skip
+        db.execute("UPDATE tether_approvals SET body = json_set(body, '$.decision', "
+                   "json_set(json_extract(body, '$.decision'), '$.reviewer', 'eve') || '') "
+                   "WHERE id = ?", (ids["v-who"],))  # fmt: skip
+        db.execute("DELETE FROM tether_approval_audit WHERE approval_id = ?", (ids["v-gone"],))
+        db.execute("DELETE FROM tether_approvals WHERE id = ?", (ids["v-gone"],))
+    async with tether.App(url) as again:
+        found = await again.verify_approvals()
+        checks = await again.check_approvals()
+    assert "required" in " ".join(found[ids["v-quorum"]])
+    assert "eve" in " ".join(found[ids["v-who"]])
+    assert "deleted with its trail" in " ".join(found[ids["v-gone"]])
+    assert found[ids["v-fine"]] == []
+    assert checks[ids["v-fine"]].covered
+
+
+async def test_an_approval_made_before_the_commitment_verifies_as_not_covered(
+    tmp_path: Any,
+) -> None:
+    import sqlite3
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    app = deploy_app(lambda: tether.App(url), [])
+    async with app:
+        await app.start("release", "1.0", id="old-1")
+        ask = await pending(app, "old-1")
+    # What an approval created before this change holds: a `created` entry with its title only.
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        from tether.store.audit import audit_hash
+
+        detail = json.dumps({"title": ask.title})
+        (at,) = db.execute("SELECT at FROM tether_approval_audit WHERE approval_id = ?",
+                           (ask.id,)).fetchone()  # fmt: skip
+        digest = audit_hash("0" * 64, ask.id, 1, at, "created", None, detail)
+        db.execute("UPDATE tether_approval_audit SET detail = ?, hash = ? WHERE approval_id = ?",
+                   (detail, digest, ask.id))  # fmt: skip
+        db.execute("UPDATE tether_approvals SET audit_head = ? WHERE id = ?", (digest, ask.id))
+    async with tether.App(url) as again:
+        checks = await again.check_approvals()
+    assert checks[ask.id].problems == ()
+    assert not checks[ask.id].covered
+    from click.testing import CliRunner
+
+    from tether.cli import cli
+
+    result = await asyncio.to_thread(CliRunner().invoke, cli,
+                                     ["approvals", "--database", url, "verify"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "1 approvals verified, 0 broken, 1 not covered" in result.output
+
+
+async def test_an_approval_made_with_an_unkeyed_digest_is_still_decided_and_replayed(
+    tmp_path: Any,
+) -> None:
+    import sqlite3
+
+    effects: list[str] = []
+    url = f"sqlite:///{tmp_path / 'legacy.db'}"
+    app = deploy_app(lambda: tether.App(url), effects)
+    async with app:
+        await app.start("release", "1.2.3", id="legacy-1")
+        ask = await pending(app, "legacy-1")
+    # As an approval made before digests were keyed: the plain SHA-256 in its row and its
+    # checkpoint (the workflow recomputes it on replay).
+    plain = tether.operation_digest("legacy-1", "approval", OPERATION)
+    with sqlite3.connect(tmp_path / "legacy.db") as db:
+        db.execute("UPDATE tether_approvals SET body = json_set(body, '$.operation_digest', ?) "
+                   "WHERE id = ?", (plain, ask.id))  # fmt: skip
+        db.execute("UPDATE tether_checkpoints SET result = json_set(result, '$.digest', ?) "
+                   "WHERE run_id = 'legacy-1' AND name = 'approval'", (plain,))  # fmt: skip
+    again = deploy_app(lambda: tether.App(url), effects)
+    async with again:
+        with pytest.raises(tether.ApprovalRefused):
+            await again.decide(ask.id, "approve", reviewer="alice",
+                               operation_digest=ask.operation_digest)  # fmt: skip
+        await again.decide(ask.id, "approve", reviewer="alice", operation_digest=plain)
+        result = await (await again.get("legacy-1")).result(timeout=10)
+    assert result["status"] == "approved"
+    assert effects == ["1.2.3"]

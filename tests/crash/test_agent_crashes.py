@@ -31,6 +31,7 @@ from typing import Any
 import pytest
 
 import tether
+from tether.approvals.digest import digest_key
 from tether.store.keys import approval_key
 from tether.store.port import CheckpointStatus, RunStatus
 from tether.store.port.streams import StreamEntry, StreamKind
@@ -531,7 +532,9 @@ async def check_finished(
     # after the decision.
     listed = await reader.app.list_approvals(status=None, run_id=RUN)
     assert [(a.id, a.status) for a in listed] == [(AID, "approved")]
-    assert listed[0].operation_digest == tether.operation_digest(RUN, STEP, operation())
+    assert listed[0].operation_digest == tether.operation_digest(
+        RUN, STEP, operation(), key=await digest_key(reader.app.engine.store, 0.0)
+    )
     history = await reader.app.approval_history(AID)
     assert [(e.event, e.actor) for e in history] == [("created", None), ("decided", REVIEWER)]
     assert await reader.app.verify_approvals() == {AID: []}

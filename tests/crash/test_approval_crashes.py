@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 import tether
+from tether.approvals.digest import digest_key
 from tether.store.keys import approval_key
 from tether.store.port import CheckpointStatus, RunStatus
 
@@ -185,7 +186,9 @@ async def check_one_approval(reader: Reader, status: str, history: list[str]) ->
     hash chain intact."""
     listed = await reader.app.list_approvals(status=None, run_id=RUN)
     assert [(a.id, a.status) for a in listed] == [(AID, status)]
-    assert listed[0].operation_digest == tether.operation_digest(RUN, STEP, operation(TAG))
+    assert listed[0].operation_digest == tether.operation_digest(
+        RUN, STEP, operation(TAG), key=await digest_key(reader.app.engine.store, 0.0)
+    )
     assert await events(reader) == history
     assert await reader.app.verify_approvals() == {AID: []}
 

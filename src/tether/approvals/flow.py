@@ -15,6 +15,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
+from tether.approvals.digest import digest_key
 from tether.approvals.model import (
     APPROVE_REJECT,
     Decision,
@@ -29,7 +30,7 @@ from tether.core.context import current_run
 from tether.core.execution import MISSING, RunContext
 from tether.core.waits import EventWait, Plan, TimerWait, check_duration, wait
 from tether.errors import ConfigurationError, NonDeterminismError
-from tether.redact import redact
+from tether.redact import mask, redact, redact_text
 from tether.store.keys import approval_key
 from tether.store.port import CheckpointStatus
 from tether.store.port.approvals import ApprovalRecord
@@ -72,10 +73,15 @@ async def approval(
     base = "approval" if key is None else f"approval:{check_approval_key(key)}"
     slot = ctx.slot(base, "approval")
     name, recorded = slot.name, slot.recorded
-    digest = operation_digest(ctx.run_id, name, json.loads(serde.dumps(operation)))
+    plain = json.loads(serde.dumps(operation))
+    with ctx.io():
+        secret = await digest_key(ctx.engine.store, ctx.engine.clock.now())
+    digest = operation_digest(ctx.run_id, name, plain, key=secret)
     aid = approval_id(ctx.run_id, name)
     if recorded is not None and recorded.status is CheckpointStatus.COMPLETED:
         info = ctx.decode(recorded, lambda: dict(json.loads(recorded.result or "{}")))
+        if info.get("digest") == operation_digest(ctx.run_id, name, plain):
+            digest = info["digest"]  # made before digests were keyed: it keeps its digest
         if info.get("digest") != digest:
             raise ctx.abandon(NonDeterminismError(
                 f"approval {name!r} of run {ctx.run_id!r} was asked for an operation with "
@@ -85,7 +91,7 @@ async def approval(
                 recorded=[name], requested=[name], position=slot.position,
             ))  # fmt: skip
     else:
-        stored = await _create(ctx, aid, name, digest, spec, operation, context)
+        stored = await _create(ctx, aid, name, digest, spec, (operation, secret), context)
         info = {"id": aid, "digest": digest, "expires_at": stored.expires_at}
         now = ctx.engine.clock.now()
         await ctx.write(slot.checkpoint(CheckpointStatus.COMPLETED, attempts=1,
@@ -97,7 +103,7 @@ async def approval(
     won, value = await wait(ctx, f"{name}:wait", "approval-wait", plan)
     if won != approval_key(aid):
         value = await _expire(ctx, aid, name)
-    decision = _decision(ctx, aid, name, value, operation, digest)
+    decision = _decision(ctx, aid, name, value, operation, digest, secret)
     if on_decision is not None:
         await deliver_webhook(on_decision, decision)
     await notify(ctx, aid, "decided")
@@ -149,24 +155,38 @@ def _check(
 
 
 async def _create(
-    ctx: RunContext, aid: str, name: str, digest: str, spec: dict[str, Any], operation: Any,
-    context: Any,
+    ctx: RunContext, aid: str, name: str, digest: str, spec: dict[str, Any],
+    keyed: tuple[Any, bytes], context: Any,
 ) -> ApprovalRecord:  # fmt: skip
+    operation, key = keyed
     engine = ctx.engine
     serde = engine.serde
     await ctx.at_frontier()
     if ctx.pending:
         await ctx.flush()
+    starter = await _starter(ctx)
+    if spec.get("separate_duties") and starter is None:
+        # Fail closed: without a known starter nobody can be told apart from them.
+        raise ConfigurationError(
+            f"approval {spec['title']!r} asks for separate_duties=True, but run {ctx.run_id!r} "
+            "has no known starter (nor has any run above it): start the run with "
+            "app.start(..., started_by=NAME) (the server does this for the signed-in user), "
+            "or drop separate_duties"
+        )
     now = engine.clock.now()
     schema = spec["response_schema"]
     record = ApprovalRecord(
-        id=aid, run_id=ctx.run_id, step=name, title=spec["title"],
-        description=spec["description"],
+        # Title and description are shown and logged everywhere: stored redacted, as the
+        # reviewer sees them.
+        id=aid, run_id=ctx.run_id, step=name, title=redact_text(spec["title"]),
+        description=redact_text(spec["description"]),
         options=json.dumps([o.to_json() for o in spec["options"]]),
-        operation=json.dumps(redact(json.loads(serde.dumps(operation)))),
+        # Masked, not merely redacted: the reviewer sees that a value is hidden, how long it is
+        # and its fingerprint, and sees in full what only pretends to be a secret.
+        operation=json.dumps(mask(json.loads(serde.dumps(operation)), key)),
         operation_digest=digest, reviewers=json.dumps(spec["reviewers"]),
         required=spec["required"], separate_duties=bool(spec.get("separate_duties")),
-        starter=await _starter(ctx),
+        starter=starter,
         context=json.dumps(redact(json.loads(serde.dumps(context, what="approval context")))),
         response_schema=None if schema is None else json.dumps(schema),
         created_at=now, expires_at=now + spec["seconds"],
@@ -220,7 +240,7 @@ async def _expire(ctx: RunContext, aid: str, name: str) -> dict[str, Any]:
 
 
 def _decision(
-    ctx: RunContext, aid: str, name: str, value: Any, operation: Any, digest: str
+    ctx: RunContext, aid: str, name: str, value: Any, operation: Any, digest: str, key: bytes
 ) -> Decision:
     data = dict(value or {})
     decision = decision_from(aid, str(data.get("status")), data, ctx.run_id, name)
@@ -230,7 +250,7 @@ def _decision(
         # not cover it, and the workflow decides whether to ask again.
         edited = {**operation, "arguments": response["arguments"]}
         plain = json.loads(ctx.engine.serde.dumps(edited))
-        return _with(decision, edited, operation_digest(ctx.run_id, name, plain))
+        return _with(decision, edited, operation_digest(ctx.run_id, name, plain, key=key))
     return _with(decision, operation, digest)
 
 

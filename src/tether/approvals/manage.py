@@ -1,5 +1,5 @@
 """Approvals from outside a run: list them, show one (audited as viewed), decide, cancel, read
-and verify the audit trail. What the App, the CLI and the server call.
+the audit trail and verify rows against their trails. What the App, the CLI and the server call.
 
 Every refusal raises ApprovalRefused after it was written to the audit trail; nothing here
 approves anything the rules in rules.py did not accept inside the store's transaction.
@@ -8,10 +8,12 @@ approves anything the rules in rules.py did not accept inside the store's transa
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from tether.approvals.flow import approval_id
 from tether.approvals.model import (
+    ANYONE,
     Approval,
     Decision,
     HistoryEntry,
@@ -21,13 +23,48 @@ from tether.approvals.model import (
 )
 from tether.approvals.rules import Vote, cancel, viewed, vote
 from tether.errors import ApprovalNotFound, ApprovalRefused, ConfigurationError
-from tether.store.audit import verify_chain
-from tether.store.port.approvals import PENDING
+from tether.redact import redact_text
+from tether.store.audit import covered, verify_record
+from tether.store.port.approvals import (
+    PENDING,
+    ApprovalChange,
+    ApprovalRecord,
+    ChangeFn,
+    Eligible,
+)
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine
 
 MAX_COMMENT = 10_000
+CHANNELS = ("app", "api", "inbox", "cli")  # where a look, a decision or a cancellation came from
+MAX_CLIENT = 200
+
+
+def origin(channel: str, client: str | None) -> dict[str, str | None]:
+    """The `channel` and `client` every audit entry of a request records, checked."""
+    if channel not in CHANNELS:
+        raise ConfigurationError(
+            f"channel is one of {', '.join(CHANNELS)}, not {channel!r}: say where the request "
+            "came from (the App's own callers use 'app')"
+        )
+    if client is not None and (not isinstance(client, str) or len(client) > MAX_CLIENT):
+        raise ConfigurationError(
+            f"client is an address or host/pid of at most {MAX_CLIENT} chars, or None"
+        )
+    return {"channel": channel, "client": client}
+
+
+def stamped(change: ChangeFn, where: dict[str, str | None]) -> ChangeFn:
+    """`change` with `where` (channel, client) added to the detail of every entry it writes:
+    the trail says how each look and decision arrived, not only who claimed to make it."""
+
+    def apply(record: ApprovalRecord, run_status: str | None, now: float) -> ApprovalChange:
+        outcome = change(record, run_status, now)
+        notes = tuple(replace(n, detail={**(n.detail or {}), **where}) for n in outcome.notes)
+        return replace(outcome, notes=notes)
+
+    return apply
 
 
 def _not_found(approval_id: str) -> ApprovalNotFound:
@@ -47,15 +84,39 @@ async def list_approvals(
     """Approvals, oldest first; with `reviewer`, only those this reviewer may decide. A pending
     approval past its expiry shows as expired (and is left out of status="pending")."""
     now = engine.clock.now()
+    if reviewer is not None:
+        return await _inbox(engine, as_reviewer(reviewer), status, run_id, limit, now)
     # Expired-but-unclosed approvals are filtered after the query, so fetch a margin more.
     records = await engine.store.list_approvals(status=_stored(status), run_id=run_id,
                                                 limit=limit * 2 + 10)  # fmt: skip
     shown = [Approval.of(r, now) for r in records]
     if status is not None:
         shown = [a for a in shown if a.status == status]
-    if reviewer is not None:
-        who = as_reviewer(reviewer)
-        shown = [a for a in shown if a.may_decide(who)]
+    return shown[:limit]
+
+
+async def _inbox(
+    engine: Engine, who: Reviewer, status: str | None, run_id: str | None, limit: int, now: float
+) -> list[Approval]:
+    """The approvals `who` may decide, selected by the store page by page (oldest first), so
+    thousands asked of others never hide theirs."""
+    if who.service:
+        return []
+    entries = (ANYONE, who.name, *sorted(f"group:{g}" for g in who.groups))
+    eligible = Eligible(who.name, entries)
+    shown: list[Approval] = []
+    page = max(limit, 1) + 10
+    while len(shown) < limit:
+        records = await engine.store.list_approvals(status=_stored(status), run_id=run_id,
+                                                    limit=page, reviewer=eligible)  # fmt: skip
+        for record in records:
+            approval = Approval.of(record, now)
+            # Only an approval past its expiry but not yet closed is left out here.
+            if (status is None or approval.status == status) and approval.may_decide(who):
+                shown.append(approval)
+        if len(records) < page:
+            break
+        eligible = replace(eligible, after=(records[-1].created_at, records[-1].id))
     return shown[:limit]
 
 
@@ -64,18 +125,26 @@ def _stored(status: str | None) -> str | None:
 
 
 async def get_approval(
-    engine: Engine, approval_id: str, *, viewer: Reviewer | str | None = None
+    engine: Engine,
+    approval_id: str,
+    *,
+    viewer: Reviewer | str | None = None,
+    channel: str = "app",
+    client: str | None = None,
 ) -> Approval:
-    """One approval; with `viewer`, their look is recorded in the audit trail."""
-    if viewer is not None:
-        who = as_reviewer(viewer)
-        record, _ = await engine.store.change_approval(approval_id, viewed(who.name),
-                                                       engine.clock.now())  # fmt: skip
-    else:
-        found = await engine.store.get_approval(approval_id)
-        if found is None:
-            raise _not_found(approval_id)
-        record = found
+    """One approval; with `viewer`, their first look is recorded in the audit trail (a second
+    look by the same viewer appends nothing, so reading never grows the trail without bound)."""
+    where = origin(channel, client)
+    found = await engine.store.get_approval(approval_id)
+    if found is None:
+        raise _not_found(approval_id)
+    record = found
+    # Checked again inside the store's transaction (rules.viewed); this read only spares the
+    # write lock for a look already on the record.
+    if viewer is not None and as_reviewer(viewer).name not in json.loads(record.viewers):
+        record, _ = await engine.store.change_approval(
+            approval_id, stamped(viewed(as_reviewer(viewer).name), where), engine.clock.now()
+        )
     return Approval.of(record, engine.clock.now())
 
 
@@ -88,9 +157,13 @@ async def decide(
     operation_digest: str,
     comment: str | None = None,
     response: Any = None,
+    channel: str = "app",
+    client: str | None = None,
 ) -> Decision:
     """Decide an approval as `reviewer`. Returns the Decision (status `pending` for a vote
-    towards a quorum); raises ApprovalRefused (audited) when any rule does not hold."""
+    towards a quorum); raises ApprovalRefused (audited) when any rule does not hold. `channel`
+    and `client` say where the decision came from; every entry it writes records them."""
+    where = origin(channel, client)
     who = as_reviewer(reviewer)
     if not isinstance(option, str) or not isinstance(operation_digest, str):
         raise ConfigurationError("decide() takes the option id and the operation digest as str")
@@ -98,9 +171,13 @@ async def decide(
         raise ConfigurationError(f"a comment is a str of at most {MAX_COMMENT} chars")
     # The response is stored as JSON: check it encodes before anything is written.
     response = json.loads(engine.serde.dumps(response, what="the decision's response"))
+    # A comment is stored, shown to everyone who reads the trail and sent in webhooks: a secret
+    # pasted into it is redacted before it is written (the reviewer sees the redaction).
+    comment = None if comment is None else redact_text(comment)
     ballot = Vote(who, option, operation_digest, comment, response)
-    record, change = await engine.store.change_approval(approval_id, vote(ballot),
-                                                        engine.clock.now())  # fmt: skip
+    record, change = await engine.store.change_approval(
+        approval_id, stamped(vote(ballot), where), engine.clock.now()
+    )
     if change.refused is not None:
         reason, _, message = change.refused.partition(": ")
         raise ApprovalRefused(f"approval {approval_id!r} refused {who.name!r}: {message}",
@@ -119,11 +196,19 @@ async def decide(
 
 
 async def cancel_approval(
-    engine: Engine, approval_id: str, *, actor: str | None = None, reason: str = "cancelled"
+    engine: Engine,
+    approval_id: str,
+    *,
+    actor: str | None = None,
+    reason: str = "cancelled",
+    channel: str = "app",
+    client: str | None = None,
 ) -> Decision:
     """Withdraw a pending approval: its run sees status `cancelled` (not approved)."""
-    record, change = await engine.store.change_approval(approval_id, cancel(actor, reason),
-                                                        engine.clock.now())  # fmt: skip
+    where = origin(channel, client)
+    record, change = await engine.store.change_approval(
+        approval_id, stamped(cancel(actor, reason), where), engine.clock.now()
+    )
     if change.refused is not None:
         raise ApprovalRefused(f"approval {approval_id!r}: {change.refused}",
                               reason=change.refused.partition(":")[0])  # fmt: skip
@@ -139,14 +224,53 @@ async def history(engine: Engine, approval_id: str) -> list[HistoryEntry]:
     return [HistoryEntry.of(e) for e in await engine.store.approval_audit(approval_id)]
 
 
-async def verify(engine: Engine, approval_id: str | None = None) -> dict[str, list[str]]:
-    """Check audit trails against their hash chains: {approval id: problems} for every
-    approval checked (an empty list when intact)."""
+@dataclass(frozen=True, slots=True)
+class TrailCheck:
+    """What `verify` found for one approval: its problems (none: the row and its trail agree)
+    and whether its `created` entry commits to its fixed fields (False for approvals made
+    before it did: their chain and status are checked, their fixed fields cannot be)."""
+
+    problems: tuple[str, ...] = ()
+    covered: bool = True
+
+
+async def check(engine: Engine, approval_id: str | None = None) -> dict[str, TrailCheck]:
+    """Check approvals against their trails (audit.verify_record); without `approval_id`, also
+    every approval a run's checkpoint says it created that is missing from the table (deleted
+    with its trail)."""
+    store = engine.store
     if approval_id is not None:
-        found = await engine.store.get_approval(approval_id)
+        found = await store.get_approval(approval_id)
         if found is None:
             raise _not_found(approval_id)
         records = [found]
     else:
-        records = await engine.store.list_approvals(status=None, limit=1_000_000)
-    return {r.id: verify_chain(r, await engine.store.approval_audit(r.id)) for r in records}
+        records = await store.list_approvals(status=None, limit=1_000_000)
+    checked = {}
+    for record in records:
+        entries = await store.approval_audit(record.id)
+        checked[record.id] = TrailCheck(tuple(verify_record(record, entries)), covered(entries))
+    if approval_id is None:
+        checked.update(await _missing(engine, set(checked)))
+    return checked
+
+
+async def _missing(engine: Engine, known: set[str]) -> dict[str, TrailCheck]:
+    missing = {}
+    after = ("", 0)
+    while steps := await engine.store.approval_steps(after, 1000):
+        for run_id, _, name in steps:
+            aid = approval_id(run_id, name)
+            if aid not in known:
+                problem = (f"run {run_id!r} created approval {aid!r} (its checkpoint {name!r}) "
+                           "but the approval is not in the table: it was deleted with its trail "
+                           "outside Tether")  # fmt: skip
+                missing[aid] = TrailCheck((problem,), covered=False)
+        after = steps[-1][:2]
+    return missing
+
+
+async def verify(engine: Engine, approval_id: str | None = None) -> dict[str, list[str]]:
+    """Check approvals against their trails: {approval id: problems} for every approval checked
+    (an empty list when the row and its trail agree), missing ones included (see `check`)."""
+    return {aid: list(c.problems) for aid, c in (await check(engine, approval_id)).items()}

@@ -8,6 +8,7 @@ here, so every display shows the same redacted operation and context.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 from collections.abc import Sequence
@@ -18,11 +19,14 @@ from typing import Any
 from tether.clock import to_datetime
 from tether.errors import ConfigurationError
 from tether.serde import canonical
-from tether.store.port.approvals import APPROVED, PENDING, ApprovalRecord, AuditEntry
+from tether.store.port.approvals import APPROVED, PENDING, STATUSES, ApprovalRecord, AuditEntry
 
 _OPTION_ID = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 STYLES = ("primary", "destructive", "default")
 ANYONE = "*"
+# Groups of service accounts (a metrics scraper): a user whose groups are all among these is
+# never a reviewer, whatever the approval's reviewers say, `*` included.
+SERVICE_GROUPS = frozenset({"metrics"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +45,12 @@ class Option:
             raise ConfigurationError(
                 f"an option id is 1-64 chars of a-z, 0-9, '_' and '-', not {self.id!r}"
             )
+        if self.id in STATUSES:
+            raise ConfigurationError(
+                f"option id {self.id!r} is reserved: {', '.join(sorted(STATUSES))} are the "
+                "statuses of an approval, and an option decides with its id as the status. Use "
+                "'approve' to approve, 'reject' to reject, or another word such as 'defer'"
+            )
         if not isinstance(self.label, str) or not self.label.strip():
             raise ConfigurationError(f"option {self.id!r} needs a non-empty label")
         if self.style not in STYLES:
@@ -49,6 +59,17 @@ class Option:
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "label": self.label, "style": self.style, "schema": self.schema}
+
+
+def _stored_option(data: dict[str, Any]) -> Option:
+    """An option as stored. One stored before status words were reserved is shown as it is (a
+    vote for it is refused by rules.vote), rather than making the approval unreadable."""
+    if data.get("id") not in STATUSES:
+        return Option(**data)
+    option = object.__new__(Option)
+    for name in ("id", "label", "style", "schema"):
+        object.__setattr__(option, name, data.get(name, "default" if name == "style" else None))
+    return option
 
 
 def check_schema(schema: object, what: str) -> None:
@@ -85,7 +106,14 @@ class Reviewer:
             raise ConfigurationError(f"a reviewer needs a name of 1-200 chars, not {self.name!r}")
         object.__setattr__(self, "groups", frozenset(self.groups))
 
+    @property
+    def service(self) -> bool:
+        """A service account (only SERVICE_GROUPS): it never decides an approval."""
+        return bool(self.groups) and self.groups <= SERVICE_GROUPS
+
     def may_decide(self, reviewers: Sequence[str]) -> bool:
+        if self.service:
+            return False
         return (
             ANYONE in reviewers
             or self.name in reviewers
@@ -97,9 +125,15 @@ def as_reviewer(reviewer: Reviewer | str) -> Reviewer:
     return reviewer if isinstance(reviewer, Reviewer) else Reviewer(reviewer)
 
 
-def operation_digest(run_id: str, step: str, operation: object) -> str:
-    """sha256 of the canonical JSON of (run id, step, operation): what a decision is bound to."""
-    return hashlib.sha256(canonical([run_id, step, operation]).encode()).hexdigest()
+def operation_digest(run_id: str, step: str, operation: object, *, key: bytes | None = None) -> str:
+    """What a decision is bound to: HMAC-SHA256 under `key` (the database's digest key, see
+    tether.approvals.digest) of the canonical JSON of (run id, step, operation). Without a key,
+    the plain SHA-256 approvals made before keyed digests carry (it confirms guesses of a
+    redacted value, so new approvals never use it)."""
+    text = canonical([run_id, step, operation]).encode()
+    if key is None:
+        return hashlib.sha256(text).hexdigest()
+    return hmac.new(key, text, hashlib.sha256).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +228,7 @@ class Approval:
             step=record.step,
             title=record.title,
             description=record.description,
-            options=tuple(Option(**o) for o in json.loads(record.options)),
+            options=tuple(_stored_option(o) for o in json.loads(record.options)),
             operation=json.loads(record.operation),
             operation_digest=record.operation_digest,
             reviewers=tuple(json.loads(record.reviewers)),
@@ -216,8 +250,8 @@ class Approval:
     def may_decide(self, reviewer: Reviewer | str) -> bool:
         """Whether this reviewer is one of those who may decide (not whether they may now)."""
         who = as_reviewer(reviewer)
-        if self.separate_duties and who.name == self.starter:
-            return False
+        if self.separate_duties and (self.starter is None or who.name == self.starter):
+            return False  # nobody is told apart from an unknown starter: rules.vote refuses
         return who.may_decide(self.reviewers)
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tether.approvals.model import Reviewer
+from tether.redact import redact
+from tether.serde import canonical
 from tether.store.port import TERMINAL_STATUSES
 from tether.store.port.approvals import (
     APPROVED,
@@ -20,6 +22,7 @@ from tether.store.port.approvals import (
     EXPIRED,
     PENDING,
     REJECTED,
+    STATUSES,
     ApprovalChange,
     ApprovalRecord,
     ChangeFn,
@@ -66,10 +69,20 @@ def vote(v: Vote) -> ChangeFn:
         who = v.reviewer.name
         reviewers = json.loads(record.reviewers)
         asked = {"option": v.option}
+        if v.reviewer.service:
+            return _refuse("wrong_reviewer", f"{who!r} is a service account (groups "
+                           f"{', '.join(sorted(v.reviewer.groups))}) and never decides an "
+                           "approval; decide as a person", who, **asked)  # fmt: skip
         if not v.reviewer.may_decide(reviewers):
             return _refuse("wrong_reviewer", f"{who!r} is not among the reviewers of this "
                            f"approval ({', '.join(reviewers)})", who, **asked)  # fmt: skip
-        if record.separate_duties and record.starter is not None and who == record.starter:
+        if record.separate_duties and record.starter is None:
+            # Made before creation refused this: with nobody known to have started the run,
+            # nobody can be told apart from the starter, so nobody decides.
+            return _refuse("separate_duties", "separation of duties is asked but the run has no "
+                           "known starter; cancel this approval and start the run with "
+                           "started_by=...", who, **asked)  # fmt: skip
+        if record.separate_duties and who == record.starter:
             return _refuse("separate_duties", f"{who!r} started this run and may not decide "
                            "its approval (separation of duties)", who, **asked)  # fmt: skip
         if record.status != PENDING:
@@ -88,6 +101,10 @@ def vote(v: Vote) -> ChangeFn:
                            "of this approval: look at the approval again and decide what it "
                            "shows now", who, **asked, digest=v.operation_digest)  # fmt: skip
         options = {o["id"]: o for o in json.loads(record.options)}
+        if v.option in STATUSES:
+            # Refused at definition since; an older approval may still offer one.
+            return _refuse("unknown_option", f"{v.option!r} is a status, not an option one "
+                           "may choose", who, **asked)  # fmt: skip
         if v.option not in options:
             return _refuse("unknown_option", f"{v.option!r} is not an option of this approval "
                            f"(options: {', '.join(options)})", who, **asked)  # fmt: skip
@@ -98,6 +115,15 @@ def vote(v: Vote) -> ChangeFn:
         if any(x["reviewer"] == who for x in votes):
             return _refuse("already_voted", f"{who!r} approved already; {record.required} "
                            "distinct reviewers must approve", who, **asked)  # fmt: skip
+        pending = [x for x in votes if x["option"] == "approve"]
+        earlier = pending[0].get("response") if pending else None
+        if v.option == "approve" and pending and not _same(earlier, v.response):
+            # A quorum approves one operation: an approval with another edit is not a vote for
+            # the edit already approved, and must never let its own edit run.
+            edit = canonical(redact(earlier))
+            return _refuse("differing_edit", f"{len(pending)} reviewer(s) approved the response "
+                           f"{edit}; approve that one or reject (a different edit needs a new "
+                           "approval)", who, **asked, response=redact(v.response))  # fmt: skip
         entry = {"reviewer": who, "option": v.option, "comment": v.comment,
                  "response": v.response, "at": now}  # fmt: skip
         if v.option == "approve" and len(votes) + 1 < record.required:
@@ -117,6 +143,10 @@ def vote(v: Vote) -> ChangeFn:
         )  # fmt: skip
 
     return change
+
+
+def _same(a: Any, b: Any) -> bool:
+    return canonical(a) == canonical(b)
 
 
 def _invalid_response(record: ApprovalRecord, schema: object, response: Any) -> str | None:
@@ -155,8 +185,16 @@ def cancel(actor: str | None, reason: str) -> ChangeFn:
 
 
 def viewed(actor: str) -> ChangeFn:
+    """A reviewer's look, recorded once per reviewer (`viewers` remembers who looked)."""
+
     def change(record: ApprovalRecord, run_status: str | None, now: float) -> ApprovalChange:
-        return ApprovalChange(notes=(Note("viewed", actor),))
+        viewers = json.loads(record.viewers)
+        if actor in viewers:
+            return ApprovalChange()
+        return ApprovalChange(
+            record=replace(record, viewers=json.dumps([*viewers, actor])),
+            notes=(Note("viewed", actor),),
+        )
 
     return change
 

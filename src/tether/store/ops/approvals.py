@@ -1,6 +1,6 @@
 """The operations on approvals: create one under a run's lease, read and list them, change one
 atomically (a decision, an expiry, a cancellation) with its audit entries, and cancel the
-pending approvals of a run that ended.
+pending approvals of a run that ended; and keep the database's secrets (the key of digests).
 
 Written once for both SQL dialects. A change locks the run, then the approval: the order in
 which a run's end locks them, so the two never deadlock. It must not touch a connection.
@@ -8,14 +8,21 @@ which a run's end locks them, so the two never deadlock. It must not touch a con
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from tether.errors import ApprovalNotFound
-from tether.store.audit import apply_change, cancel_on_run_end, chain
+from tether.store.audit import apply_change, cancel_on_run_end, chain, created_note
 from tether.store.keys import approval_key
 from tether.store.ops.common import deliver, fence, lease_lost
 from tether.store.port import Lease, RunStatus
-from tether.store.port.approvals import ApprovalChange, ApprovalRecord, AuditEntry, ChangeFn, Note
+from tether.store.port.approvals import (
+    ApprovalChange,
+    ApprovalRecord,
+    AuditEntry,
+    ChangeFn,
+    Eligible,
+)
 from tether.store.query import Op, Query, execute_many, one, select
 from tether.store.rows import approval_from_row, approval_to_row, audit_from_row, audit_to_row
 
@@ -23,7 +30,7 @@ from tether.store.rows import approval_from_row, approval_to_row, audit_from_row
 def create_approval(
     lease: Lease, record: ApprovalRecord, now: float
 ) -> Op[tuple[ApprovalRecord, bool]]:
-    stored, entries = chain(record, [Note("created", None, {"title": record.title})], now)
+    stored, entries = chain(record, [created_note(record)], now)
     if (yield from one("lease_held", **fence(lease))) is None:
         raise (yield from lease_lost(lease))
     if (yield Query("insert_approval", approval_to_row(stored))) == 0:
@@ -39,8 +46,18 @@ def get_approval(approval_id: str) -> Op[ApprovalRecord | None]:
     return None if row is None else approval_from_row(row)
 
 
-def list_approvals(status: str | None, run_id: str | None, limit: int) -> Op[list[ApprovalRecord]]:
-    rows = yield from select("list_approvals", status=status, run_id=run_id, limit=max(0, limit))
+def list_approvals(
+    status: str | None, run_id: str | None, limit: int, reviewer: Eligible | None = None
+) -> Op[list[ApprovalRecord]]:
+    if reviewer is None:
+        rows = yield from select("list_approvals", status=status, run_id=run_id,
+                                 limit=max(0, limit))  # fmt: skip
+    else:
+        after_at, after_id = reviewer.after
+        rows = yield from select("reviewer_approvals", status=status, run_id=run_id,
+                                 eligible=json.dumps(list(reviewer.entries)),
+                                 viewer=reviewer.name, after_at=after_at, after_id=after_id,
+                                 limit=max(0, limit))  # fmt: skip
     return [approval_from_row(r) for r in rows]
 
 
@@ -74,6 +91,20 @@ def close_approvals(run_id: str, status: RunStatus, now: float) -> Op[None]:
     for row in (yield from select("pending_approvals", run_id=run_id)):
         record = approval_from_row(row)
         yield from _save(apply_change(record, cancel_on_run_end(record, status.value, now), now))
+
+
+def approval_steps(after: tuple[str, int], limit: int) -> Op[list[tuple[str, int, str]]]:
+    rows = yield from select("approval_steps", after_run=after[0], after_seq=after[1],
+                             limit=max(0, limit))  # fmt: skip
+    return [(str(r[0]), int(r[1]), str(r[2])) for r in rows]
+
+
+def database_secret(name: str, fresh: str, now: float) -> Op[str]:
+    """The secret stored under `name`, stored as `fresh` if there was none."""
+    yield Query("insert_secret", {"name": name, "value": fresh, "now": now})
+    row = yield from one("get_secret", name=name)
+    assert row is not None  # inserted just above, or by whoever won the race
+    return str(row[0])
 
 
 def _save(saved: tuple[ApprovalRecord, list[AuditEntry]]) -> Op[ApprovalRecord]:

@@ -24,6 +24,10 @@ EXPIRED = "expired"
 
 CANCELLED = "cancelled"
 
+# Every status an approval can have. An option id may not be one of them: options other than
+# `approve` decide with their own id as the status, so an option `approved` would approve.
+STATUSES = frozenset({PENDING, APPROVED, REJECTED, EXPIRED, CANCELLED})
+
 GENESIS = "0" * 64  # the prev_hash of an approval's first audit entry
 
 
@@ -55,6 +59,7 @@ class ApprovalRecord:
     audit_count: int = 0
     audit_head: str = GENESIS  # the hash of the newest audit entry
     updated_at: float = 0.0
+    viewers: str = "[]"  # JSON list of the reviewers whose look is in the trail (once each)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +95,16 @@ class ApprovalChange:
     refused: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Eligible:
+    """Who lists approvals to decide: `name`, and the `entries` of an approval's reviewers that
+    admit them (their name, "*", "group:<g>" for each group); `after` (created_at, id) pages."""
+
+    name: str
+    entries: tuple[str, ...]
+    after: tuple[float, str] = (float("-inf"), "")
+
+
 # change(stored record, the run's status or None if the run is gone, now) -> ApprovalChange
 ChangeFn = Callable[[ApprovalRecord, str | None, float], ApprovalChange]
 
@@ -100,17 +115,27 @@ class ApprovalsPort(Protocol):
     async def create_approval(
         self, lease: Lease, record: ApprovalRecord, now: float
     ) -> tuple[ApprovalRecord, bool]:
-        """Insert the approval with its first audit entry ("created", actor None, detail
-        {"title": title}), unless one with its id exists. Returns (the stored approval,
+        """Insert the approval with its first audit entry (audit.created_note: "created", actor
+        None, detail {title, covers: the digest of its fixed fields, fixed: the main ones}),
+        unless one with its id exists. Returns (the stored approval,
         whether it was created). Raises LeaseLost if the lease is not held."""
 
     async def get_approval(self, approval_id: str) -> ApprovalRecord | None:
         """The approval with this id, or None."""
 
     async def list_approvals(
-        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+        self,
+        *,
+        status: str | None = None,
+        run_id: str | None = None,
+        limit: int = 100,
+        reviewer: Eligible | None = None,
     ) -> list[ApprovalRecord]:
-        """Approvals, oldest first, filtered by status and run."""
+        """Approvals, oldest first (by created_at, then id), filtered by status and run; with
+        `reviewer`, only those whose reviewers hold one of `reviewer.entries` and whose
+        separation of duties admits `reviewer.name` (a run starter is refused, and everyone when
+        the starter is unknown), after `reviewer.after`. The filter is in the query, so approvals
+        for others never crowd a reviewer's out of `limit`."""
 
     async def change_approval(
         self, approval_id: str, change: ChangeFn, now: float
@@ -122,3 +147,15 @@ class ApprovalsPort(Protocol):
 
     async def approval_audit(self, approval_id: str) -> list[AuditEntry]:
         """The approval's audit entries ordered by seq (empty if none)."""
+
+    async def approval_steps(
+        self, after: tuple[str, int] = ("", 0), limit: int = 1000
+    ) -> list[tuple[str, int, str]]:
+        """(run id, seq, name) of the checkpoints that record a run creating an approval (kind
+        "approval"), ordered by run id and seq, after `after`: each names an approval that must
+        exist (flow.approval_id(run id, name)) while its run does."""
+
+    async def database_secret(self, name: str, fresh: str, now: float) -> str:
+        """The secret this database keeps under `name` (such as the key of operation digests):
+        the first call stores `fresh`, every later call, from any process, returns what was
+        stored. Never shown by any API; rotating it is not supported."""

@@ -296,6 +296,22 @@ WHERE (%(status)s::text IS NULL OR status = %(status)s)
 ORDER BY created_at, id COLLATE "C"
 LIMIT %(limit)s;
 
+-- name: reviewer_approvals
+-- The approvals a reviewer may decide, filtered here and not after a LIMIT: `reviewers` (a JSON
+-- list inside `body`) holds one of %(eligible)s (their name, "*", "group:<g>"), and separation
+-- of duties does not shut them out. Keyset-paged by (created_at, id), oldest first.
+SELECT {approval_columns} FROM tether_approvals
+WHERE (%(status)s::text IS NULL OR status = %(status)s)
+  AND (%(run_id)s::text IS NULL OR run_id = %(run_id)s)
+  AND (created_at > %(after_at)s
+       OR (created_at = %(after_at)s AND id COLLATE "C" > %(after_id)s COLLATE "C"))
+  AND (body::jsonb ->> 'reviewers')::jsonb
+      ?| ARRAY(SELECT jsonb_array_elements_text(%(eligible)s::jsonb))
+  AND NOT (coalesce((body::jsonb ->> 'separate_duties')::boolean, false)
+           AND coalesce(body::jsonb ->> 'starter' = %(viewer)s, true))
+ORDER BY created_at, id COLLATE "C"
+LIMIT %(limit)s;
+
 -- name: pending_approvals
 -- Locked, and read again after any decision that held them committed: a decision taken
 -- meanwhile is not overwritten.
@@ -303,6 +319,21 @@ SELECT {approval_columns} FROM tether_approvals
 WHERE run_id = %(run_id)s AND status = 'pending'
 ORDER BY created_at, id COLLATE "C"
 FOR UPDATE;
+
+-- name: approval_steps
+-- The checkpoints recording that a run created an approval (flow.approval, kind 'approval'),
+-- keyset-paged: verify finds approvals deleted with their trail from them.
+SELECT run_id, seq, name FROM tether_checkpoints
+WHERE kind = 'approval' AND (run_id, seq) > (%(after_run)s, %(after_seq)s)
+ORDER BY run_id, seq LIMIT %(limit)s;
+
+-- name: insert_secret
+-- The first value offered wins; later ones (another process racing) are dropped.
+INSERT INTO tether_secrets (name, value, created_at) VALUES (%(name)s, %(value)s, %(now)s)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: get_secret
+SELECT value FROM tether_secrets WHERE name = %(name)s;
 
 -- name: insert_audit
 INSERT INTO tether_approval_audit ({audit_columns})

@@ -261,10 +261,39 @@ WHERE (:status IS NULL OR status = :status) AND (:run_id IS NULL OR run_id = :ru
 ORDER BY created_at, id
 LIMIT :limit;
 
+-- name: reviewer_approvals
+-- The approvals a reviewer may decide, filtered here and not after a LIMIT: `reviewers` (a JSON
+-- list inside `body`) holds one of :eligible (their name, "*", "group:<g>"), and separation of
+-- duties does not shut them out. Keyset-paged by (created_at, id), oldest first.
+SELECT {approval_columns} FROM tether_approvals
+WHERE (:status IS NULL OR status = :status) AND (:run_id IS NULL OR run_id = :run_id)
+  AND (created_at > :after_at OR (created_at = :after_at AND id > :after_id))
+  AND EXISTS (SELECT 1 FROM json_each(json_extract(body, '$.reviewers')) AS r
+              WHERE r.value IN (SELECT value FROM json_each(:eligible)))
+  AND NOT (coalesce(json_extract(body, '$.separate_duties'), 0) = 1
+           AND coalesce(json_extract(body, '$.starter') = :viewer, 1))
+ORDER BY created_at, id
+LIMIT :limit;
+
 -- name: pending_approvals
 SELECT {approval_columns} FROM tether_approvals
 WHERE run_id = :run_id AND status = 'pending'
 ORDER BY created_at, id;
+
+-- name: approval_steps
+-- The checkpoints recording that a run created an approval (flow.approval, kind 'approval'),
+-- keyset-paged: verify finds approvals deleted with their trail from them.
+SELECT run_id, seq, name FROM tether_checkpoints
+WHERE kind = 'approval' AND (run_id, seq) > (:after_run, :after_seq)
+ORDER BY run_id, seq LIMIT :limit;
+
+-- name: insert_secret
+-- The first value offered wins; later ones (another process racing) are dropped.
+INSERT INTO tether_secrets (name, value, created_at) VALUES (:name, :value, :now)
+ON CONFLICT (name) DO NOTHING;
+
+-- name: get_secret
+SELECT value FROM tether_secrets WHERE name = :name;
 
 -- name: insert_audit
 INSERT INTO tether_approval_audit ({audit_columns})
