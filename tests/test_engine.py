@@ -54,7 +54,8 @@ async def test_result_of_a_run_executing_here_waits_for_its_end_without_reading_
         handle = await app.start(flow, id="here")
         waiting = asyncio.create_task(handle.result())
         await asyncio.sleep(0.05)
-        assert not waiting.done() and reads == []
+        assert not waiting.done()
+        assert reads == []
         release.set()
         assert await waiting == 8
         assert reads == []

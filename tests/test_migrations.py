@@ -20,11 +20,12 @@ from tether.store.sqlite import SqliteStore
 EXPECTED_SQLITE_TABLES = {
     "tether_migrations", "tether_runs", "tether_checkpoints", "tether_workers", "tether_events",
     "tether_approvals", "tether_approval_audit", "tether_stream_entries",
-    "tether_outbox", "tether_schedules", "tether_values", "tether_forks",
+    "tether_outbox", "tether_schedules", "tether_values", "tether_forks", "tether_secrets",
+    "tether_sessions",
 }  # fmt: skip
 # 0: the file's versions are numbered like PostgreSQL's (the same files in both dialects).
-SQLITE_VERSIONS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
-POSTGRES_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+SQLITE_VERSIONS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
+POSTGRES_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]
 GOLDEN = Path(__file__).parent / "golden"
 
 

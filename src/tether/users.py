@@ -97,10 +97,13 @@ async def list_users(engine: Engine) -> list[User]:
 
 
 async def revoke_user(engine: Engine, name: str) -> User:
-    """Revoke the user's token at once: every request and session with it is refused."""
-    record = await engine.store.revoke_user(name, engine.clock.now())
+    """Revoke the user's token at once and end every inbox session of theirs: every request
+    with either is refused from now on (open streams close within a few seconds)."""
+    now = engine.clock.now()
+    record = await engine.store.revoke_user(name, now)
     if record is None:
         raise UserNotFound(f"no user is named {name!r}; list them with `tether users list`")
+    await engine.store.end_sessions(name, now)
     return User.of(record)
 
 
@@ -115,15 +118,6 @@ async def authenticate(engine: Engine, token: str) -> User | None:
     if not hmac.compare_digest(record.token_hash, digest):
         return None
     return User.of(record)
-
-
-async def fingerprint(engine: Engine, name: str) -> str | None:
-    """A short fingerprint of the user's current token (for sessions: a new or revoked token
-    ends every session of the old one), or None for an unknown or revoked user."""
-    record = await engine.store.get_user(name)
-    if record is None or record.revoked_at is not None:
-        return None
-    return record.token_hash[:16]
 
 
 async def get_user(engine: Engine, name: str) -> User | None:

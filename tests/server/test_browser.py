@@ -1,7 +1,8 @@
 """The inbox in a real browser (headless Chromium through Playwright) against uvicorn on
 127.0.0.1: a reviewer signs in by pasting the token, opens the approval and approves it, and the
 run completes; the inbox updates live; markup in approvals never runs; the page's script works
-under the CSP without a single violation. Without /usr/bin/chromium these tests skip loudly, and
+under the CSP without a single violation; signing out ends the session on the server, so the
+cookie a thief copied before opens nothing. Without /usr/bin/chromium these tests skip loudly, and
 fail in CI (CI=true)."""
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import re
 import shutil
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 from tests.server.kit import LiveServer, Person, start_approval
 
 import tether
+from tether.server.auth import SESSION_COOKIE
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -156,4 +159,41 @@ async def test_a_run_page_shows_its_output_live_and_again_after_a_reload(
     assert await page.evaluate("window.__still_here") == "yes"
     await page.reload()  # a new page reads the stream from its start
     await expect(output).to_have_text("".join(words), timeout=WAIT_MS)
+    assert problems == []
+
+
+async def test_after_signing_out_in_the_browser_the_old_cookie_is_refused(
+    app: tether.App, page: Page, live_server: LiveServer, alice: Person, problems: list[str]
+) -> None:
+    ask = await start_approval(app, "run-signout")
+    await sign_in(page, alice)
+    cookies = await page.context.cookies()
+    stolen = next(c["value"] for c in cookies if c["name"] == SESSION_COOKIE)
+    await page.click("form[action='/logout'] button[type=submit]")
+    await page.wait_for_selector("#signin", timeout=WAIT_MS)
+    assert not [c for c in await page.context.cookies() if c["name"] == SESSION_COOKIE]
+    # The cookie copied before the sign-out, put back as a thief would: refused by the server.
+    await page.context.add_cookies(
+        [{"name": SESSION_COOKIE, "value": stolen, "url": live_server.url}]
+    )
+    await page.goto(f"/approvals/{ask.id}")
+    await expect(page.locator("#signin")).to_be_visible()
+    assert "/?next=" in page.url
+    assert await page.locator(f'[data-approval-id="{ask.id}"]').count() == 0
+    async with httpx.AsyncClient(base_url=live_server.url) as thief:
+        thief.cookies.set(SESSION_COOKIE, stolen)
+        assert 'action="/login"' in (await thief.get("/")).text
+    assert (await app.get_approval(ask.id)).status == "pending"
+    assert problems == []
+
+
+async def test_a_run_pages_live_output_shows_invisible_characters_spelled_out(
+    app: tether.App, page: Page, admin: Person, problems: list[str]
+) -> None:
+    await sign_in(page, admin)
+    handle = await app.start("talk", ["pay ", "\u202egpj.exe", "\u200b\x1b[2J"], 0.0, id="run-bidi")
+    assert await handle.result(timeout=10) == 3
+    await page.goto("/runs/run-bidi")
+    output = page.locator("#run-stream .stream-text")
+    await expect(output).to_have_text("pay <U+202E>gpj.exe<U+200B><U+001B>[2J", timeout=WAIT_MS)
     assert problems == []

@@ -8,15 +8,16 @@ logic. Binds 127.0.0.1 unless told otherwise, and denies every /api route withou
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from datetime import timedelta
 
 from fastapi import FastAPI
 
 from tether.app import App
 from tether.errors import ApprovalRefused
 from tether.server.api import build_router, refused
-from tether.server.auth import Auth
-from tether.server.http import MAX_BODY, Hygiene
+from tether.server.auth import IDLE_SECONDS, SESSION_SECONDS, Auth
+from tether.server.http import MAX_BODY, Hygiene, Site
 from tether.server.inbox import build_inbox
 from tether.server.metrics import build_metrics
 
@@ -26,12 +27,19 @@ DEFAULT_PORT = 8000
 
 def create_server(
     app: App, *, secret: bytes | None = None, secure_cookies: bool = False,
-    max_body: int = MAX_BODY,
+    max_body: int = MAX_BODY, origins: Sequence[str] = (),
+    session_idle: timedelta = timedelta(seconds=IDLE_SECONDS),
+    session_lifetime: timedelta = timedelta(seconds=SESSION_SECONDS),
 ) -> FastAPI:  # fmt: skip
-    """An ASGI application serving `app`. `secret` signs sessions (random per process when not
-    given: a restart signs everyone out); `secure_cookies` marks cookies Secure (set it behind
-    https, as `tether serve --https-proxy` does)."""
-    auth = Auth.make(app, secret, secure_cookies)
+    """An ASGI application serving `app`. `secret` (at least 32 bytes) signs session cookies
+    (random per process when not given: a restart signs everyone out); `secure_cookies` marks
+    cookies Secure (set it behind https, as `tether serve --secure-cookies` does). `origins`
+    are the public origins (`https://tether.example.com`) this server answers for; without
+    them, the address each request reached. Sessions end after `session_idle` without a
+    request, and after `session_lifetime` in any case."""
+    auth = Auth.make(app, secret, secure_cookies, idle=session_idle.total_seconds(),
+                     lifetime=session_lifetime.total_seconds())  # fmt: skip
+    site = Site(origins)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -45,11 +53,12 @@ def create_server(
     )  # fmt: skip
     server.state.tether = app
     server.state.auth = auth
+    server.state.site = site
     server.add_exception_handler(ApprovalRefused, refused)
     server.include_router(build_router(app))
     server.include_router(build_inbox(app))  # the inbox for people, its assets and /live
     server.include_router(build_metrics(app))  # /metrics, for group admin or metrics
-    server.add_middleware(Hygiene, max_body=max_body, hsts=secure_cookies)
+    server.add_middleware(Hygiene, max_body=max_body, hsts=secure_cookies, site=site)
 
     return server
 

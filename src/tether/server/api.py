@@ -28,9 +28,9 @@ from tether.errors import (
     SerializationError,
     ValueNotFound,
 )
-from tether.server.auth import Auth
+from tether.server.auth import Auth, client_of
 from tether.server.http import StrictRoute
-from tether.server.sse import event_stream, start_offset
+from tether.server.sse import END, event_stream, start_offset
 from tether.store.port import RunStatus
 from tether.streams import check_stream_key
 from tether.users import User
@@ -232,7 +232,7 @@ def _value_routes(router: APIRouter, app: App, access: Access) -> None:
         await access.run(run_id, user)
         access.admin(user, "fork runs")
         try:
-            handle = await app.fork(run_id, body.from_step, id=body.id)
+            handle = await app.fork(run_id, body.from_step, id=body.id, started_by=user.name)
         except (ConfigurationError, IdempotencyConflict) as exc:
             # The run's history has no such step or cannot be reused, or the id is taken.
             raise HTTPException(409, str(exc)) from None
@@ -245,14 +245,18 @@ def _stream_route(router: APIRouter, app: App, access: Access) -> None:
         summary="A run's stream as Server-Sent Events (Last-Event-ID or ?offset= resumes)",
         response_class=StreamingResponse,
         responses={200: {"content": {"text/event-stream": {}},
-                         "description": "events `chunk` and `reset` (id: offset), then `end`"}},
+                         "description": "events `chunk` and `reset` (id: offset), then `end`"},
+                   400: {"description": "Last-Event-ID or ?offset= is not an offset"}},
+        # ?offset= is read by start_offset, so that a bad one is a 400 like a bad Last-Event-ID.
+        openapi_extra={"parameters": [{"name": "offset", "in": "query", "required": False,
+                                       "schema": {"type": "integer", "minimum": 0,
+                                                  "maximum": END - 1}}]},
     )  # fmt: skip
     async def run_stream(
         run_id: RunId,
         key: Annotated[str, Path(min_length=1, max_length=256)],
         request: Request,
         user: CurrentUser,
-        offset: Annotated[int | None, Query(ge=0)] = None,
         follow: Annotated[bool, Query()] = True,
     ) -> StreamingResponse:
         await access.run(run_id, user)
@@ -260,7 +264,11 @@ def _stream_route(router: APIRouter, app: App, access: Access) -> None:
             check_stream_key(key)
         except ConfigurationError as exc:
             raise HTTPException(422, str(exc)) from None
-        return event_stream(app, run_id, key, start_offset(request, offset), follow)
+        start = start_offset(request, request.query_params.get("offset"))
+        auth: Auth = request.app.state.auth
+        return event_stream(
+            app, run_id, key, start, follow, lambda: auth.still_valid(request, "bearer")
+        )
 
 
 def _approval_routes(router: APIRouter, app: App, access: Access) -> None:
@@ -277,20 +285,24 @@ def _approval_routes(router: APIRouter, app: App, access: Access) -> None:
         return [approval_json(a) for a in found]
 
     @router.get("/approvals/{approval_id}", summary="One approval (the look is audited)")
-    async def get_approval(approval_id: ApprovalId, user: CurrentUser) -> dict[str, Any]:
+    async def get_approval(
+        approval_id: ApprovalId, user: CurrentUser, request: Request
+    ) -> dict[str, Any]:
         await access.approval(approval_id, user)
-        shown = await app.get_approval(approval_id, viewer=user.reviewer)
+        shown = await app.get_approval(approval_id, viewer=user.reviewer, channel="api",
+                                       client=client_of(request))  # fmt: skip
         return {**approval_json(shown), "may_decide": shown.may_decide(user.reviewer)}
 
     @router.post("/approvals/{approval_id}/decision", summary="Decide an approval")
     async def decide(
-        approval_id: ApprovalId, body: DecisionIn, user: CurrentUser
+        approval_id: ApprovalId, body: DecisionIn, user: CurrentUser, request: Request
     ) -> dict[str, Any]:
         await access.approval(approval_id, user)
         try:  # a refusal reaches refused() below, with its reason
             decision = await app.decide(approval_id, body.option, reviewer=user.reviewer,
                                         operation_digest=body.operation_digest,
-                                        comment=body.comment, response=body.response)  # fmt: skip
+                                        comment=body.comment, response=body.response,
+                                        channel="api", client=client_of(request))  # fmt: skip
         except SerializationError as exc:
             raise HTTPException(422, str(exc)) from None
         return decision_json(decision)

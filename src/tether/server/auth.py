@@ -1,29 +1,43 @@
-"""Who is asking: bearer tokens for the API, signed session cookies for the inbox, and the CSRF
-token every inbox form carries.
+"""Who is asking: bearer tokens for the API, server-side sessions for the inbox, the CSRF token
+every inbox form carries, and the throttle on failed sign-ins and bad tokens.
 
-A session cookie holds the user's name, the fingerprint of their current token and an expiry,
-signed with the server's secret; revoking the user (or issuing a new token) ends every session
-at once. Nothing here decides what a user may see or do; the routes do.
+A session cookie holds only a random session id, signed with the server's secret; the database
+keeps the id's SHA-256 with the user, and every request checks it there: sign-out ends the
+session at once, revoking the user ends all of theirs, and a session ends after IDLE_SECONDS
+without a request or SESSION_SECONDS in all. Nothing here decides what a user may see or do;
+the routes do. Tokens and session ids are never logged.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
-import json
+import logging
+import re
 import secrets
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Literal
 
 from fastapi import HTTPException, Request
 
 from tether.app import App
-from tether.users import User, authenticate, fingerprint, get_user
+from tether.errors import ConfigurationError
+from tether.server.throttle import Throttle
+from tether.store.port.users import SessionRecord
+from tether.text import visible
+from tether.users import User, authenticate, get_user
 
 SESSION_COOKIE = "tether_session"
-SESSION_SECONDS = 12 * 3600
+SESSION_SECONDS = 12 * 3600  # the absolute limit of a session
+IDLE_SECONDS = 30 * 60  # a session without a request for this long is over
+TOUCH_SECONDS = 60.0  # at most one write of a session's last-seen time per this many seconds
+MIN_SECRET = 32  # bytes
 REALM = 'Bearer realm="tether"'
+GENERATE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
+_SESSION_ID = re.compile(r"[A-Za-z0-9_-]{43}")
+_HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+
+log = logging.getLogger("tether.server")
 
 
 def unauthorized(
@@ -32,25 +46,107 @@ def unauthorized(
     return HTTPException(401, message, headers={"WWW-Authenticate": REALM})
 
 
+def session_secret(text: str) -> bytes:
+    """The session secret from its setting (TETHER_SESSION_SECRET): hex digits are decoded (the
+    old form), anything else is taken as UTF-8 text; at least MIN_SECRET bytes either way."""
+    secret = bytes.fromhex(text) if _HEX.fullmatch(text) else text.encode()
+    return check_secret(secret)
+
+
+def check_secret(secret: bytes) -> bytes:
+    if len(secret) < MIN_SECRET:
+        raise ConfigurationError(
+            f"the session secret (TETHER_SESSION_SECRET) has {len(secret)} bytes; it needs at "
+            f"least {MIN_SECRET} random ones (64 hex digits, or text): generate one with "
+            f"`{GENERATE}`"
+        )
+    return secret
+
+
+def client_of(request: Request) -> str:
+    """The client's address as the server saw it (behind a trusted proxy: X-Forwarded-For)."""
+    return request.client.host if request.client else "unknown"
+
+
+def too_many(wait: int) -> HTTPException:
+    return HTTPException(
+        429,
+        f"too many failed sign-ins or bad tokens from this address; try again in {wait} s",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Signed:
+    """A live inbox session: its user and its id (what the CSRF token is bound to)."""
+
+    user: User
+    id: str
+
+
 @dataclass(slots=True)
 class Auth:
     app: App
-    secret: bytes  # signs sessions and CSRF tokens; a new secret ends every session
+    secret: bytes  # signs session cookies and CSRF tokens
     secure: bool  # cookies only over https
+    idle: float = IDLE_SECONDS
+    lifetime: float = SESSION_SECONDS
+    throttle: Throttle = field(default_factory=Throttle)
 
     @classmethod
-    def make(cls, app: App, secret: bytes | None, secure: bool) -> Auth:
-        return cls(app, secret or secrets.token_bytes(32), secure)
+    def make(
+        cls,
+        app: App,
+        secret: bytes | None,
+        secure: bool,
+        *,
+        idle: float = IDLE_SECONDS,
+        lifetime: float = SESSION_SECONDS,
+    ) -> Auth:
+        secret = secrets.token_bytes(MIN_SECRET) if secret is None else check_secret(secret)
+        if not 0 < idle <= lifetime:
+            raise ConfigurationError(
+                f"the idle timeout of sessions ({idle} s) must be positive and at most their "
+                f"lifetime ({lifetime} s)"
+            )
+        return cls(app, secret, secure, idle, lifetime)
+
+    def now(self) -> float:
+        return self.app.engine.clock.now()
+
+    # -- the throttle ---------------------------------------------------------------------------
+
+    def check_throttle(self, request: Request) -> None:
+        """429 (with Retry-After) while this client has too many recent failures."""
+        wait = self.throttle.wait(client_of(request))
+        if wait:
+            raise too_many(wait)
+
+    def failure(self, request: Request, what: str) -> None:
+        client = client_of(request)
+        log.warning("%s from %s", what, visible(client, newlines=False))
+        if self.throttle.failed(client):
+            log.warning(
+                "%s is refused for %d s: %d failed sign-ins or bad tokens in %d s",
+                visible(client, newlines=False),
+                self.throttle.wait(client),
+                self.throttle.limit,
+                self.throttle.window,
+            )
 
     # -- bearer tokens (the API) --------------------------------------------------------------
 
     async def bearer(self, request: Request) -> User:
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
+        token = _bearer_token(request)
+        if token is None:
             raise unauthorized()
-        user = await authenticate(self.app.engine, token.strip())
+        user = await authenticate(self.app.engine, token)
         if user is None:
+            # A valid token passes even from a throttled address: one guesser behind a shared
+            # address (NAT, a proxy) must not lock everyone else out. 256-bit tokens make the
+            # answer to a guess worthless, so only the failures are slowed.
+            self.check_throttle(request)
+            self.failure(request, "a bearer token was refused (unknown or revoked)")
             challenge = REALM + ', error="invalid_token"'
             raise HTTPException(401, "the token is unknown or revoked",
                                 headers={"WWW-Authenticate": challenge})  # fmt: skip
@@ -62,40 +158,79 @@ class Auth:
         return hmac.new(self.secret, payload, hashlib.sha256).hexdigest()
 
     async def open_session(self, token: str) -> tuple[User, str] | None:
-        """The user and a session cookie value for a valid token, or None."""
+        """The user and a new session's cookie value for a valid token, or None."""
         user = await authenticate(self.app.engine, token)
         if user is None:
             return None
-        mark = await fingerprint(self.app.engine, user.name)
-        data = json.dumps({"u": user.name, "f": mark, "e": int(time.time()) + SESSION_SECONDS,
-                           "n": secrets.token_hex(8)}, separators=(",", ":")).encode()  # fmt: skip
-        value = base64.urlsafe_b64encode(data).decode().rstrip("=")
-        return user, f"{value}.{self._sign(data)}"
+        session_id = secrets.token_urlsafe(32)
+        now = self.now()
+        record = SessionRecord(_hash(session_id), user.name, now, now, now + self.lifetime,
+                               self.idle)  # fmt: skip
+        await self.app.engine.store.create_session(record, now)
+        return user, f"{session_id}.{self._sign(b'session:' + session_id.encode())}"
 
-    async def session(self, request: Request) -> tuple[User, str] | None:
-        """The signed-in user and their session cookie value, or None."""
+    def _session_id(self, request: Request) -> str | None:
+        """The session id of the request's cookie if its signature holds."""
         cookie = request.cookies.get(SESSION_COOKIE, "")
-        value, _, signature = cookie.partition(".")
-        try:
-            data = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
-            claims = json.loads(data)
-        except (ValueError, TypeError):
+        session_id, _, signature = cookie.partition(".")
+        if not _SESSION_ID.fullmatch(session_id):
             return None
-        if not _same(self._sign(data), signature) or not isinstance(claims, dict):
+        if not _same(self._sign(b"session:" + session_id.encode()), signature):
             return None
-        if not isinstance(claims.get("e"), int) or claims["e"] < time.time():
-            return None
-        name = claims.get("u")
-        if not isinstance(name, str) or claims.get("f") != await fingerprint(self.app.engine, name):
-            return None  # revoked, or a new token was issued
-        user = await get_user(self.app.engine, name)
-        return None if user is None else (user, cookie)
+        return session_id
 
-    def csrf_token(self, session: str) -> str:
-        return self._sign(b"csrf:" + session.encode())
+    async def session(self, request: Request, *, touch: bool = True) -> Signed | None:
+        """The request's live session, or None. `touch` counts the request as activity (the
+        live streams' polls do not: an open page alone does not keep a session alive)."""
+        session_id = self._session_id(request)
+        if session_id is None:
+            return None
+        store, now = self.app.engine.store, self.now()
+        found = await store.get_session(_hash(session_id), now)
+        if found is None:
+            return None
+        if touch and now - found.seen_at >= min(TOUCH_SECONDS, found.idle / 10):
+            found = await store.touch_session(found.id_hash, now)
+            if found is None:
+                return None
+        user = await get_user(self.app.engine, found.user)
+        if user is None or found.created_at < user.created_at.timestamp():
+            # Revoked; or a session left from before the name was given to a new user (one
+            # opened while its user was being revoked), which must not come back to life.
+            return None
+        return Signed(user, session_id)
 
-    def check_csrf(self, session: str, token: str) -> bool:
-        return bool(token) and _same(self.csrf_token(session), token)
+    async def end_session(self, request: Request) -> bool:
+        """End the request's session (sign-out); whether there was one to end."""
+        session_id = self._session_id(request)
+        if session_id is None:
+            return False
+        return await self.app.engine.store.end_session(_hash(session_id), self.now())
+
+    async def still_valid(self, request: Request, via: Literal["bearer", "session"]) -> bool:
+        """Whether what opened this request (its bearer token on the API, its session in the
+        inbox: never the other, which the request might carry too) still holds: open streams
+        ask this as they go, and close when it no longer does."""
+        if via == "bearer":
+            token = _bearer_token(request)
+            return token is not None and await authenticate(self.app.engine, token) is not None
+        return await self.session(request, touch=False) is not None
+
+    def csrf_token(self, session_id: str) -> str:
+        return self._sign(b"csrf:" + session_id.encode())
+
+    def check_csrf(self, session_id: str, token: str) -> bool:
+        return bool(token) and _same(self.csrf_token(session_id), token)
+
+
+def _bearer_token(request: Request) -> str | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _hash(session_id: str) -> str:
+    """What the database keeps of a session id: 256 random bits, so a plain SHA-256."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
 
 
 def _same(expected: str, given: str) -> bool:

@@ -1,7 +1,8 @@
 """HTTP hygiene shared by the JSON API and the inbox: strict JSON bodies (duplicate keys and
 invalid JSON are 400), a body size limit (413), no NUL character in the URL (422: no id or key
-may hold one, and PostgreSQL cannot even look one up), and the security headers every response
-carries.
+may hold one, and PostgreSQL cannot even look one up), a Host header that names this server
+(400 otherwise: a DNS-rebinding name cannot pass for it), and the security headers every
+response carries.
 
 Pure ASGI and FastAPI plumbing: no routes, no authentication, no Tether calls.
 """
@@ -10,12 +11,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import HTTPException, Request, Response
 from fastapi.routing import APIRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from tether.errors import ConfigurationError
+from tether.text import hostile, visible
 
 MAX_BODY = 1 << 20  # 1 MiB: decisions, events and forms are small
 _NUL = re.compile(rb"\x00|%00")  # in a query string, raw or percent-encoded
@@ -28,6 +33,90 @@ SECURITY_HEADERS = [
     (b"referrer-policy", b"no-referrer"),
     (b"cross-origin-opener-policy", b"same-origin"),
 ]  # fmt: skip
+
+
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+_LOOPBACK = ("127.0.0.1", "localhost", "[::1]")
+
+
+def _place(scheme: str, netloc: str) -> str | None:
+    """`host:port` of a netloc (lower case, the scheme's default port filled in), or None for
+    anything that is not a plain host with an optional port."""
+    if not netloc or any(c in netloc for c in "@/\\?# ") or hostile(netloc):
+        return None
+    try:
+        parts = urlsplit(f"//{netloc}")
+        port = parts.port or _DEFAULT_PORTS.get(scheme)
+    except ValueError:
+        return None
+    host = parts.hostname
+    if not host or port is None:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    return f"{host}:{port}"
+
+
+def origin(url: str) -> str | None:
+    """`scheme://host:port` of a URL or an Origin header, normalized, or None."""
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError:  # "http://[::1": a client may send anything
+        return None
+    scheme = parts.scheme.lower()
+    if scheme not in _DEFAULT_PORTS:
+        return None
+    place = _place(scheme, parts.netloc)
+    return None if place is None else f"{scheme}://{place}"
+
+
+class Site:
+    """The origins this server answers for: those configured (`tether serve --origin`), else
+    the address the request reached, whose loopback names are interchangeable. A request's
+    Host must name one of them; a form's Origin must be one of them."""
+
+    def __init__(self, origins: Iterable[str] = ()) -> None:
+        found = []
+        for given in origins:
+            normal = origin(given)
+            if normal is None:
+                raise ConfigurationError(
+                    f"{given!r} is not an origin; give scheme://host[:port], such as "
+                    f"https://tether.example.com"
+                )
+            found.append(normal)
+        self.configured = frozenset(found)
+
+    def origins(self, scope: Scope) -> frozenset[str]:
+        if self.configured:
+            return self.configured
+        scheme = str(scope.get("scheme", "http"))
+        server = scope.get("server") or ("", None)
+        host, port = str(server[0]), server[1] or _DEFAULT_PORTS.get(scheme, 80)
+        place = _place(scheme, f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        if place is None:
+            return frozenset()
+        if place.rsplit(":", 1)[0] in _LOOPBACK:
+            return frozenset(f"{scheme}://{name}:{port}" for name in _LOOPBACK)
+        return frozenset({f"{scheme}://{place}"})
+
+    def serves(self, scope: Scope) -> bool:
+        """Whether the request's Host header names one of this server's origins."""
+        hosts = [v for k, v in scope["headers"] if k == b"host"]
+        if len(hosts) != 1:
+            return False
+        given = hosts[0].decode("latin-1")
+        place = _place(str(scope.get("scheme", "http")), given)
+        if place is None:
+            return False
+        served = {o.split("://", 1)[1] for o in self.origins(scope)}
+        if place in served:
+            return True
+        # A Host without a port behind a proxy that does not say the scheme (so the default
+        # port guessed is http's): the name is what a rebinding attack cannot fake.
+        name = place.rsplit(":", 1)[0]
+        return ":" not in given.rpartition("]")[2] and any(
+            s.rsplit(":", 1)[0] == name for s in served
+        )
 
 
 class BadBody(ValueError):
@@ -79,12 +168,17 @@ class StrictRoute(APIRoute):
 
 
 class Hygiene:
-    """ASGI middleware: refuse a URL holding a NUL character (422) and bodies over `max_body`
-    (413) before they are read whole, and add the security headers to every response."""
+    """ASGI middleware: refuse a Host that is not this server's (400), a URL holding a NUL
+    character (422) and bodies over `max_body` (413) before they are read whole, and add the
+    security headers to every response."""
 
-    def __init__(self, app: ASGIApp, max_body: int = MAX_BODY, *, hsts: bool = False) -> None:
+    def __init__(
+        self, app: ASGIApp, max_body: int = MAX_BODY, *, hsts: bool = False,
+        site: Site | None = None,
+    ) -> None:  # fmt: skip
         self.app = app
         self.max_body = max_body
+        self.site = site or Site()
         self.headers = list(SECURITY_HEADERS)
         if hsts:
             self.headers.append((b"strict-transport-security", b"max-age=31536000"))
@@ -92,6 +186,15 @@ class Hygiene:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if not self.site.serves(scope):
+            host = dict(scope["headers"]).get(b"host", b"").decode("latin-1")
+            message = (
+                f"the Host header {visible(host, newlines=False)!r} does not name this server "
+                f"({', '.join(sorted(self.site.origins(scope)))}); if it is this server's public "
+                f"name, start it with --origin <scheme://host:port>"
+            )
+            await _problem(400, message, send, self.headers)
             return
         if "\x00" in scope["path"] or _NUL.search(scope.get("query_string", b"")):
             message = "the URL holds a NUL character, which no id, key or field may contain"

@@ -5,8 +5,10 @@ Routes: `GET /` (sign-in, or the inbox), `POST /login`, `POST /logout`, `GET /ap
 `POST /approvals/{id}/decision`, `GET /runs`, `GET /runs/{id}`, `/static/inbox.{css,js}`, and
 `GET /live` (live.py). Who may see what is the JSON API's rule (api.Access); what a refusal
 means is its table too. Every form carries a CSRF token tied to the session, and every POST
-must come from this server's own origin. Templates autoescape everything; values reach the
-page only as text or attributes, never inside a script (the CSP forbids inline ones anyway).
+must come from one of this server's origins (http.Site). Templates autoescape everything;
+values reach the page only as text or attributes, never inside a script (the CSP forbids
+inline ones anyway), and every control, bidi or zero-width character in them is spelled out as
+`<U+XXXX>` (tether.text), styled apart where the `shown` filter renders it.
 """
 
 from __future__ import annotations
@@ -17,17 +19,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, urlencode
 
 from fastapi import APIRouter, HTTPException, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup, escape
 
 from tether.app import App
 from tether.approvals.model import Approval
 from tether.errors import ApprovalRefused, ConfigurationError, SerializationError
 from tether.server.api import _REFUSED_STATUS, Access
-from tether.server.auth import SESSION_COOKIE, SESSION_SECONDS, Auth
+from tether.server.auth import SESSION_COOKIE, Auth, client_of
+from tether.server.http import Site, origin
 from tether.server.live import (
     Scope,
     Watch,
@@ -39,6 +43,7 @@ from tether.server.live import (
 )
 from tether.server.sse import event_stream, start_offset
 from tether.streams import check_stream_key
+from tether.text import pieces, visible
 from tether.users import User
 from tether.views import checkpoint_json, history_json, run_json, takes_response
 
@@ -105,6 +110,29 @@ def first_line(error: object) -> str:
     return text.splitlines()[0] if text else ""
 
 
+def spelled(value: object) -> object:
+    """Every value a template prints (Jinja's finalize): text with its control, bidi and
+    zero-width characters spelled out as `<U+XXXX>`, safe in any place (attributes too)."""
+    return visible(value) if isinstance(value, str) and not isinstance(value, Markup) else value
+
+
+def shown(value: object) -> Markup:
+    """Text for the page's body, escaped, its spelled-out characters in a `<span class=hidden>`
+    so that a reviewer sees at a glance that the text holds something invisible."""
+    out = []
+    for piece, special in pieces(str(value)):
+        text = escape(piece)
+        out.append(Markup('<span class="hidden-char">{}</span>').format(text) if special else text)
+    return Markup("").join(out)
+
+
+def exact(value: object) -> Markup:
+    """Text kept exactly as it is, escaped: ids that scripts and forms send back (a run id in
+    `data-run-id`, an option's `value`, a draft in a textarea), where spelling out a character
+    would change what is sent."""
+    return escape(value)
+
+
 def templates() -> Environment:
     env = Environment(
         loader=FileSystemLoader(HERE / "templates"),
@@ -112,10 +140,12 @@ def templates() -> Environment:
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
+        finalize=spelled,
     )
     env.filters.update(
-        when=when, pretty=pretty, compact=compact, duration=duration, first_line=first_line
-    )
+        when=when, pretty=pretty, compact=compact, duration=duration, first_line=first_line,
+        shown=shown, exact=exact,
+    )  # fmt: skip
     env.globals["quote"] = lambda text: quote(str(text), safe="")
     return env
 
@@ -125,13 +155,12 @@ def templates() -> Environment:
 
 def same_origin(request: Request) -> bool:
     """Whether a POST came from a page of this server: the Origin header (else the Referer)
-    names this server's scheme and host."""
+    is one of the server's origins (configured, or the address the request reached; never
+    whatever the Host header claims)."""
     source = request.headers.get("origin") or request.headers.get("referer") or ""
-    parts = urlsplit(source)
-    host = request.headers.get("host", "")
-    if not parts.scheme or not parts.netloc or not host:
-        return False
-    return (parts.scheme.lower(), parts.netloc.lower()) == (request.url.scheme, host.lower())
+    site: Site = request.app.state.site
+    found = origin(source)
+    return found is not None and found in site.origins(request.scope)
 
 
 async def read_form(request: Request) -> dict[str, str]:
@@ -169,13 +198,14 @@ class Inbox:
         self.access = Access(app)
         self.env = templates()
 
-    async def visitor(self, request: Request) -> Visitor | None:
+    async def visitor(self, request: Request, *, touch: bool = True) -> Visitor | None:
+        """The signed-in person, or None; `touch=False` for requests a page makes by itself
+        (its live streams reconnecting), which are not activity and keep no session alive."""
         auth: Auth = request.app.state.auth
-        signed = await auth.session(request)
+        signed = await auth.session(request, touch=touch)
         if signed is None:
             return None
-        user, session = signed
-        return Visitor(user, session, auth.csrf_token(session))
+        return Visitor(signed.user, signed.id, auth.csrf_token(signed.id))
 
     def page(
         self,
@@ -216,6 +246,7 @@ class Inbox:
 
     async def approval(
         self,
+        request: Request,
         visitor: Visitor,
         approval_id: str,
         *,
@@ -228,7 +259,9 @@ class Inbox:
             digest = await state(self.app, visitor.user, watch)  # 404 unless they may see it
         except HTTPException:
             return self.not_found(visitor, "approval", approval_id)
-        shown = await self.app.get_approval(approval_id, viewer=visitor.user.reviewer)  # audited
+        shown = await self.app.get_approval(
+            approval_id, viewer=visitor.user.reviewer, channel="inbox", client=client_of(request)
+        )
         history = [history_json(e) for e in await self.app.approval_history(approval_id)]
         return self.page(
             "approval.html",
@@ -276,6 +309,38 @@ class Inbox:
             f"existed, or it is meant for other reviewers.",
         )
 
+    # -- signing in -----------------------------------------------------------------------------
+
+    async def login(self, request: Request) -> Response:
+        """Open a session for the form's token; a client with too many failures gets 429."""
+        if not same_origin(request):
+            return self.forged(None)
+        try:
+            form = await read_form(request)
+        except BadForm as exc:
+            return self.problem(None, 400, "Unreadable form", str(exc))
+        auth: Auth = request.app.state.auth
+        target = local_path(form.get("next"))
+        opened = await auth.open_session(form.get("token", "").strip())
+        if opened is None:
+            try:  # only failures are slowed: a valid token signs in (see Auth.bearer)
+                auth.check_throttle(request)
+            except HTTPException as exc:
+                page = self.sign_in(request, status=429, target=target, error=str(exc.detail))
+                page.headers.update(exc.headers or {})
+                return page
+            auth.failure(request, "an inbox sign-in was refused (unknown or revoked token)")
+            return self.sign_in(
+                request,
+                status=401,
+                target=target,
+                error="That token is unknown or has been revoked.",
+            )
+        response = RedirectResponse(target, 303)
+        response.set_cookie(SESSION_COOKIE, opened[1], max_age=int(auth.lifetime), path="/",
+                            secure=auth.secure, httponly=True, samesite="strict")  # fmt: skip
+        return response
+
     # -- the decision ---------------------------------------------------------------------------
 
     async def decide(self, request: Request, approval_id: str) -> Response:
@@ -309,10 +374,13 @@ class Inbox:
                 operation_digest=form.get("operation_digest", ""),
                 comment=entered["comment"].strip() or None,
                 response=response,
+                channel="inbox",
+                client=client_of(request),
             )
         except ApprovalRefused as exc:
             refusal = {"reason": exc.reason or "refused", "message": str(exc)}
             return await self.approval(
+                request,
                 visitor,
                 approval_id,
                 refusal=refusal,
@@ -322,7 +390,7 @@ class Inbox:
         except (ConfigurationError, SerializationError) as exc:
             refusal = {"reason": "invalid_request", "message": str(exc)}
             return await self.approval(
-                visitor, approval_id, refusal=refusal, entered=entered, status=422
+                request, visitor, approval_id, refusal=refusal, entered=entered, status=422
             )
         return RedirectResponse(f"/approvals/{quote(approval_id, safe='')}", 303)
 
@@ -365,33 +433,7 @@ def build_inbox(app: App) -> APIRouter:
 
     @router.post("/login")
     async def login(request: Request) -> Response:
-        if not same_origin(request):
-            return inbox.forged(None)
-        try:
-            form = await read_form(request)
-        except BadForm as exc:
-            return inbox.problem(None, 400, "Unreadable form", str(exc))
-        auth: Auth = request.app.state.auth
-        opened = await auth.open_session(form.get("token", "").strip())
-        target = local_path(form.get("next"))
-        if opened is None:
-            return inbox.sign_in(
-                request,
-                status=401,
-                target=target,
-                error="That token is unknown or has been revoked.",
-            )
-        response = RedirectResponse(target, 303)
-        response.set_cookie(
-            SESSION_COOKIE,
-            opened[1],
-            max_age=SESSION_SECONDS,
-            path="/",
-            secure=auth.secure,
-            httponly=True,
-            samesite="strict",
-        )
-        return response
+        return await inbox.login(request)
 
     @router.post("/logout")
     async def logout(request: Request) -> Response:
@@ -406,6 +448,7 @@ def build_inbox(app: App) -> APIRouter:
                 visitor.session, form.get("csrf", "")
             ):
                 return inbox.forged(visitor)
+            await auth.end_session(request)  # the cookie and its CSRF token open nothing now
         response = RedirectResponse("/", 303)
         response.delete_cookie(
             SESSION_COOKIE, path="/", secure=auth.secure, httponly=True, samesite="strict"
@@ -417,7 +460,7 @@ def build_inbox(app: App) -> APIRouter:
         visitor = await inbox.visitor(request)
         if visitor is None:
             return inbox.to_sign_in(request)
-        return await inbox.approval(visitor, approval_id)
+        return await inbox.approval(request, visitor, approval_id)
 
     @router.post("/approvals/{approval_id}/decision")
     async def decision(request: Request, approval_id: str) -> Response:
@@ -432,7 +475,7 @@ def build_inbox(app: App) -> APIRouter:
     async def run_stream(request: Request, run: str, key: str = "tokens") -> Response:
         """The run page's live output: the run's stream as SSE, for a signed-in person who
         may see the run (EventSource resumes by Last-Event-ID after a reconnect)."""
-        visitor = await inbox.visitor(request)
+        visitor = await inbox.visitor(request, touch=False)
         if visitor is None:
             raise HTTPException(401, "sign in first")
         await inbox.access.run(run, visitor.user)
@@ -440,7 +483,11 @@ def build_inbox(app: App) -> APIRouter:
             check_stream_key(key)
         except ConfigurationError as exc:
             raise HTTPException(422, str(exc)) from None
-        return event_stream(app, run, key, start_offset(request, None), follow=True)
+        auth: Auth = request.app.state.auth
+        start = start_offset(request, None)
+        return event_stream(
+            app, run, key, start, True, lambda: auth.still_valid(request, "session")
+        )
 
     @router.get("/runs/{run_id:path}")
     async def run(request: Request, run_id: str) -> Response:

@@ -143,11 +143,11 @@ async def _events(request: Request, app: App, watch: Watch, first: str) -> Async
         if await request.is_disconnected():
             return
         try:
-            signed = await auth.session(request)
+            signed = await auth.session(request, touch=False)  # an open page is not activity
             if signed is None:
                 yield _event("signed-out", "the session ended")
                 return
-            now = await state(app, signed[0], watch)
+            now = await state(app, signed.user, watch)
         except HTTPException:
             yield _event("gone", "this page is no longer visible to you")
             return
@@ -171,7 +171,8 @@ def build_live(app: App) -> APIRouter:
         id: Annotated[str, Query(max_length=512)] = "",
     ) -> Response:
         auth: Auth = request.app.state.auth
-        signed = await auth.session(request)
+        # Not activity: EventSource reconnects by itself, which must not keep an idle session.
+        signed = await auth.session(request, touch=False)
         if signed is None:
             return PlainTextResponse("sign in first: this stream follows an inbox session", 401)
         try:
@@ -181,7 +182,7 @@ def build_live(app: App) -> APIRouter:
         if (watch.scope in (Scope.RUN, Scope.APPROVAL)) != bool(id):
             return PlainTextResponse("scopes run and approval take an id; the others none", 400)
         try:
-            first = await state(app, signed[0], watch)
+            first = await state(app, signed.user, watch)
         except HTTPException as exc:
             return PlainTextResponse(str(exc.detail), exc.status_code)
         return StreamingResponse(

@@ -2,7 +2,9 @@
 browser's EventSource resumes after a reconnect (Last-Event-ID) and a client may start at any
 `?offset=`. Ends with an `end` event when the run has ended and everything was sent.
 
-Shared by the API (bearer tokens) and the inbox (sessions); authorization is the caller's.
+Shared by the API (bearer tokens) and the inbox (sessions); authorization is the caller's, who
+also passes `alive`, asked every CHECK_SECONDS: the stream closes once the token or session that
+opened it no longer holds (revoked, signed out). Offsets are ASCII decimal integers below 2**63.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import HTTPException, Request
 from fastapi.responses import StreamingResponse
@@ -20,28 +23,52 @@ from tether.redact import redact
 from tether.streams import StreamReset
 
 HEARTBEAT = 15.0  # seconds between keep-alive comments (proxies drop silent connections)
+CHECK_SECONDS = 5.0  # how often an open stream asks whether its token or session still holds
 MAX_SECONDS = 300.0  # a connection is closed after this; EventSource reconnects and resumes
+END = 2**63  # offsets are below this (a PostgreSQL bigint)
+_DECIMAL = re.compile(r"[0-9]{1,19}")  # ASCII only: str.isdigit() also accepts "²" and "٣"
+
+Alive = Callable[[], Awaitable[bool]]
 
 
-def start_offset(request: Request, offset: int | None) -> int:
-    """Where to start: after the Last-Event-ID of a reconnect, else `?offset=`, else 0."""
+def _offset(text: str, what: str, limit: int) -> int:
+    if not _DECIMAL.fullmatch(text) or int(text) >= limit:
+        raise HTTPException(
+            400, f"{what} must be an offset: ASCII decimal digits, from 0 to {limit - 1}"
+        )
+    return int(text)
+
+
+def start_offset(request: Request, offset: str | int | None) -> int:
+    """Where to start: after the Last-Event-ID of a reconnect, else `?offset=` (as the query
+    gave it, or already an int), else 0. Either must be ASCII decimal digits in range;
+    anything else is a 400."""
     last = request.headers.get("last-event-id")
     if last is not None:
-        if not last.isdigit():
-            raise HTTPException(400, "Last-Event-ID must be the offset of the last event seen")
-        return int(last) + 1
-    return offset or 0
+        return _offset(last, "Last-Event-ID (the id of the last event seen)", END - 1) + 1
+    if offset is None:
+        return 0
+    return _offset(str(offset) if isinstance(offset, int) else offset, "?offset=", END)
 
 
-def event_stream(app: App, run_id: str, key: str, offset: int, follow: bool) -> StreamingResponse:
+async def _always() -> bool:
+    return True
+
+
+def event_stream(
+    app: App, run_id: str, key: str, offset: int, follow: bool, alive: Alive = _always
+) -> StreamingResponse:
     headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
-    return StreamingResponse(_events(app, run_id, key, offset, follow),
+    return StreamingResponse(_events(app, run_id, key, offset, follow, alive),
                              media_type="text/event-stream", headers=headers)  # fmt: skip
 
 
-async def _events(app: App, run_id: str, key: str, offset: int, follow: bool) -> AsyncIterator[str]:
+async def _events(
+    app: App, run_id: str, key: str, offset: int, follow: bool, alive: Alive
+) -> AsyncIterator[str]:
     loop = asyncio.get_running_loop()
     closes = loop.time() + MAX_SECONDS
+    beat = checked = loop.time()
     queue: asyncio.Queue[tuple[int, object] | None] = asyncio.Queue(maxsize=256)
 
     async def pump() -> None:
@@ -56,12 +83,20 @@ async def _events(app: App, run_id: str, key: str, offset: int, follow: bool) ->
     reader = asyncio.create_task(pump())
     try:
         while loop.time() < closes:
+            if loop.time() >= checked + CHECK_SECONDS:
+                checked = loop.time()
+                if not await alive():
+                    yield "event: signed-out\ndata: the token or session of this stream ended\n\n"
+                    return
             try:
-                async with asyncio.timeout(HEARTBEAT):
+                async with asyncio.timeout(CHECK_SECONDS):
                     item = await queue.get()
             except TimeoutError:
-                yield ": keep-alive\n\n"
+                if loop.time() >= beat + HEARTBEAT:
+                    beat = loop.time()
+                    yield ": keep-alive\n\n"
                 continue
+            beat = loop.time()
             if item is None:
                 reader.result()  # raises what the reader met
                 status = (await (await app.get(run_id)).status()).value

@@ -37,7 +37,13 @@ from tether.store.port import (
     StoreStats,
     WorkerInfo,
 )
-from tether.store.port.approvals import ApprovalChange, ApprovalRecord, AuditEntry, ChangeFn
+from tether.store.port.approvals import (
+    ApprovalChange,
+    ApprovalRecord,
+    AuditEntry,
+    ChangeFn,
+    Eligible,
+)
 from tether.store.port.maintenance import StorageSizes, WalState
 from tether.store.port.outbox import (
     OutboxMessage,
@@ -290,9 +296,16 @@ class SqlStore:
         return await self.driver.read(lambda: approvals.get_approval(approval_id))
 
     async def list_approvals(
-        self, *, status: str | None = None, run_id: str | None = None, limit: int = 100
+        self,
+        *,
+        status: str | None = None,
+        run_id: str | None = None,
+        limit: int = 100,
+        reviewer: Eligible | None = None,
     ) -> list[ApprovalRecord]:
-        return await self.driver.read(lambda: approvals.list_approvals(status, run_id, limit))
+        return await self.driver.read(
+            lambda: approvals.list_approvals(status, run_id, limit, reviewer)
+        )
 
     async def change_approval(
         self, approval_id: str, change: ChangeFn, now: float
@@ -302,6 +315,15 @@ class SqlStore:
 
     async def approval_audit(self, approval_id: str) -> list[AuditEntry]:
         return await self.driver.read(lambda: approvals.approval_audit(approval_id))
+
+    async def approval_steps(
+        self, after: tuple[str, int] = ("", 0), limit: int = 1000
+    ) -> list[tuple[str, int, str]]:
+        return await self.driver.read(lambda: approvals.approval_steps(after, limit))
+
+    async def database_secret(self, name: str, fresh: str, now: float) -> str:
+        return await self.driver.write(lambda: approvals.database_secret(name, fresh, now),
+                                       label=f"database_secret:{name}")  # fmt: skip
 
     # -- users ------------------------------------------------------------------------------
 
@@ -321,6 +343,27 @@ class SqlStore:
     async def revoke_user(self, name: str, now: float) -> UserRecord | None:
         return await self.driver.write(lambda: users.revoke_user(name, now),
                                        label=f"revoke_user:{name}", multi=False)  # fmt: skip
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    async def create_session(self, session: users.SessionRecord, now: float) -> None:
+        await self.driver.write(lambda: users.create_session(session, now),
+                                label=f"create_session:{session.user}")  # fmt: skip
+
+    async def get_session(self, id_hash: str, now: float) -> users.SessionRecord | None:
+        return await self.driver.read(lambda: users.get_session(id_hash, now))
+
+    async def touch_session(self, id_hash: str, now: float) -> users.SessionRecord | None:
+        return await self.driver.write(lambda: users.touch_session(id_hash, now),
+                                       label="touch_session", multi=False)  # fmt: skip
+
+    async def end_session(self, id_hash: str, now: float) -> bool:
+        return await self.driver.write(lambda: users.end_session(id_hash, now),
+                                       label="end_session", multi=False)  # fmt: skip
+
+    async def end_sessions(self, user: str, now: float) -> int:
+        return await self.driver.write(lambda: users.end_sessions(user, now),
+                                       label=f"end_sessions:{user}", multi=False)  # fmt: skip
 
     # -- streams ----------------------------------------------------------------------------
 

@@ -143,11 +143,16 @@
 (() => {
   // -- a run's output: its stream, followed live; chunks by offset, resets drop them -----------
 
+  const HIDDEN =
+    /[\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f\u061c\u200b-\u200f\u2028-\u202e\u2060-\u2065\u2066-\u2069\ufeff]/g;
   const panel = document.getElementById("run-stream");
   if (panel) {
     const text = panel.querySelector(".stream-text");
     const shown = new Map();
-    const params = new URLSearchParams({ run: panel.dataset.runId, key: panel.dataset.streamKey });
+    // The run id is percent-encoded in the page (no invisible character survives in it raw).
+    const params = new URLSearchParams({
+      run: decodeURIComponent(panel.dataset.runId), key: panel.dataset.streamKey,
+    });
     const output = new EventSource(`/live/streams?${params}`);
     const render = () => {
       const offsets = [...shown.keys()].sort((a, b) => a - b);
@@ -155,7 +160,9 @@
         const chunk = shown.get(k);
         return typeof chunk === "string" ? chunk : JSON.stringify(chunk);
       });
-      text.textContent = parts.join("");
+      // Control, bidi and zero-width characters spelled out, as the server does (tether.text).
+      text.textContent = parts.join("").replace(HIDDEN, (c) =>
+        `<U+${c.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}>`);
       panel.hidden = offsets.length === 0;
     };
     output.addEventListener("chunk", (event) => {
@@ -170,5 +177,6 @@
       output.close();
       panel.dataset.ended = "1";
     });
+    output.addEventListener("signed-out", () => output.close());  // the live stream reloads
   }
 })();

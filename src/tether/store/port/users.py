@@ -1,5 +1,6 @@
-"""The users part of the Store port: the server's users (token hashes, groups, revocation) and
-the operations on them. It must not import tether.core or any backend.
+"""The users part of the Store port: the server's users (token hashes, groups, revocation), their
+inbox sessions (checked on every request, ended by sign-out or revocation) and the operations
+on them. It must not import tether.core or any backend.
 """
 
 from __future__ import annotations
@@ -15,6 +16,19 @@ class UserRecord:
     token_hash: str  # sha256 hex of the token; the token itself is never stored
     created_at: float
     revoked_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRecord:
+    """An inbox session: live while not ended, before `expires_at` and seen within `idle`."""
+
+    id_hash: str  # sha256 hex of the session id; the id itself is only in the cookie
+    user: str
+    created_at: float
+    seen_at: float
+    expires_at: float  # the absolute limit
+    idle: float  # seconds without a request after which the session is over
+    ended_at: float | None = None
 
 
 class UsersPort(Protocol):
@@ -34,3 +48,21 @@ class UsersPort(Protocol):
 
     async def revoke_user(self, name: str, now: float) -> UserRecord | None:
         """Mark the user revoked (keeping the first revocation time); None if unknown."""
+
+    async def create_session(self, session: SessionRecord, now: float) -> None:
+        """Insert a session, deleting (in the same transaction) every session that is not live
+        at `now`: ended, past its absolute expiry or idle for longer than its limit."""
+
+    async def get_session(self, id_hash: str, now: float) -> SessionRecord | None:
+        """The session with this id hash if it is live at `now`, else None. Reads only."""
+
+    async def touch_session(self, id_hash: str, now: float) -> SessionRecord | None:
+        """Mark a live session seen at `now` and return it; None (writing nothing) if it is not
+        live."""
+
+    async def end_session(self, id_hash: str, now: float) -> bool:
+        """End the session (sign-out) at `now`; False if it was unknown or already ended."""
+
+    async def end_sessions(self, user: str, now: float) -> int:
+        """End every session of the user (revocation) at `now`; how many were live-or-idle and
+        not yet ended."""
