@@ -1,9 +1,9 @@
 """`tether gc` and `tether status`: delete by hand what a retention policy says is old (the
 worker does it too when the App has `retention=`), and show the database's sizes, its runs by
-status and the retention in force.
+status, the application versions in use and the retention in force.
 
-Parses options and renders App.gc and App.storage_status; it must not delete, count or talk
-SQL itself.
+Parses options and renders App.gc, App.storage_status and version_status; it must not delete,
+count or talk SQL itself.
 """
 
 from __future__ import annotations
@@ -25,8 +25,10 @@ from tether.cli.common import (
     new_table,
     run_with_app,
     short_time,
+    shown,
     status_text,
 )
+from tether.core.versions import VersionStatus, version_status
 from tether.retention import GcReport, Retention, StorageStatus, hide_password
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -174,11 +176,20 @@ def gc(
 @click.pass_context
 def status(ctx: click.Context, database: str, app_ref: str | None, as_json: bool) -> None:
     """Show the database's size (file and WAL on SQLite), each table's rows and bytes, the runs
-    by status, and the retention in force (the App's, with --app)."""
+    by status, the versions in use (each one's unfinished runs and live workers), and the
+    retention in force (the App's, with --app)."""
     ctx.obj = {"database": database, "app": app_ref}
-    found: StorageStatus = run_with_app(ctx, lambda app: app.storage_status())
+
+    async def work(app: App) -> tuple[StorageStatus, list[VersionStatus]]:
+        found = await app.storage_status()
+        return found, await version_status(app.engine)
+
+    found, versions = run_with_app(ctx, work)
     if as_json:
-        click.echo(json.dumps(found.to_json(), indent=2))
+        shown_json = found.to_json()
+        shown_json["versions"] = [{"version": v.version, "unfinished_runs": v.runs,
+                                   "workers": list(v.workers)} for v in versions]  # fmt: skip
+        click.echo(json.dumps(shown_json, indent=2))
         return
     sizes, out = found.sizes, console()
     rows: list[tuple[str, str | Text]] = [
@@ -203,6 +214,12 @@ def status(ctx: click.Context, database: str, app_ref: str | None, as_json: bool
     else:
         rows.append(("retention", "pass --app MODULE:APP to show the App's"))
     out.print(fields_grid(rows))
+    if versions:
+        listed = new_table("version", "unfinished runs", "live workers")
+        for v in versions:
+            label = Text("(not pinned)", style="dim") if v.version is None else shown(v.version)
+            listed.add_row(label, str(v.runs), shown(", ".join(v.workers)) if v.workers else "0")
+        out.print(listed)
     table = new_table("table", "rows", "size")
     for t in sizes.tables:
         table.add_row(t.name, str(t.rows), size_text(t.bytes))

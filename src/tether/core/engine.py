@@ -52,6 +52,17 @@ class Settings:
     held_retry_max: float = 300.0
     # How long a stopping worker waits for sync step bodies (threads cannot be interrupted).
     shutdown_grace: float = 15.0
+    # How long a stopping worker first drains (docs/versions.md): it claims nothing more, lets
+    # the step attempts in flight finish and record, and gives each run back once nothing of
+    # it is in flight; 0 (the library's default) interrupts at once. `tether worker`: 30.
+    drain_timeout: float = 0.0
+    # The application version this worker declares (docs/versions.md): a run is pinned to the
+    # version of its first claim and executed only by workers of it. None: a digest of the
+    # registered workflows' code (tether.core.versions.code_version). Runs of a version that
+    # has no live worker left are taken over by the others (version_handoff; False: they wait
+    # for a worker of their version, or for `tether runs move-version`).
+    version: str | None = None
+    version_handoff: bool = True
     # Leases are extended from a thread of the worker's own (on a second database handle),
     # unless the event loop has not run for max_loop_stall seconds (then it is taken for stuck).
     keepalive_thread: bool = True

@@ -2,9 +2,10 @@
 
 At start it recovers the runs of dead workers on the same host at once; while it runs, a
 heartbeat extends its leases, learns which it lost and which were asked to cancel, and looks
-for newly dead local workers. Its row names the workflows it serves; every
-settings.unserved_check seconds it dead-letters the runs whose workflow no live worker has
-served for settings.unserved_grace. It never executes workflow code itself (the runner does).
+for newly dead local workers. Its row names the workflows it serves and its version (it claims
+only runs pinned to it, or not pinned yet); every settings.unserved_check seconds it
+dead-letters the runs whose workflow no live worker has served for settings.unserved_grace. On
+stop it drains first (settings.drain_timeout). It never executes workflow code itself.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from tether.core.engine import Engine
 from tether.core.keepalive import Fence, Keepalive
 from tether.core.lease import dead_here, this_worker
 from tether.core.runner import Runner
+from tether.core.signals import Suspend
+from tether.core.versions import declared_version
 from tether.errors import ConfigurationError
 from tether.serde import encode_error
 from tether.store.port import Checkpoint, HeartbeatReply, Lease, RunRecord
@@ -29,6 +32,9 @@ log = logging.getLogger("tether.worker")
 # How often an idle worker asks the database whether another process wrote (cheap on SQLite):
 # the bound on how late a cross-process wake-up arrives.
 CHANGE_POLL = 0.01
+# How often a draining worker looks for runs that reached a point where nothing of theirs is
+# in flight (their executions are told at once; this catches those that started meanwhile).
+DRAIN_LOOK = 0.05
 
 
 class Worker:
@@ -46,6 +52,9 @@ class Worker:
         self.fence = Fence(self)  # its leases never run out under an at-most-once body
         engine.fence = self.fence
         self._register: asyncio.Task[None] | None = None  # registering again (its row was gone)
+        self.draining = False  # stop() drains: nothing more is claimed or started here
+        self._hurry = asyncio.Event()  # hurry(): the drain ends now
+        self.version: str | None = None  # the version it declares, known from start()
 
     @property
     def stopped(self) -> bool:
@@ -59,7 +68,10 @@ class Worker:
 
     async def start(self) -> None:
         store, now = self.engine.store, self.engine.clock.now()
-        self.info = dataclasses.replace(self.info, workflows=tuple(sorted(self.served())))
+        self.version = declared_version(self.engine)
+        self.info = dataclasses.replace(
+            self.info, workflows=tuple(sorted(self.served())), version=self.version
+        )
         await store.register_worker(self.info, now)
         self._events_seen = await store.last_event_id()
         await self.recover_local()
@@ -77,12 +89,16 @@ class Worker:
         for name, service in self.engine.services.items():
             self._tasks.append(asyncio.create_task(self._service(name, service), name=name))
 
-    async def stop(self) -> None:
-        """Stop executing: in-flight runs are interrupted and released for the next worker.
-        Sync step bodies cannot be interrupted: they get up to settings.shutdown_grace seconds
-        to end first; the runs of those that still run stay leased, from a thread that
-        outlives this call, until they end (an at-most-once body is then reconciled by the
-        next owner, never while it runs)."""
+    async def stop(self, drain: float | None = None) -> None:
+        """Stop executing. First it drains for up to `drain` seconds (settings.drain_timeout
+        when None; see drain()), unless hurry() is called. Then in-flight runs are interrupted
+        and released for the next worker. Sync step bodies cannot be interrupted: they get up
+        to settings.shutdown_grace seconds to end first; the runs of those that still run stay
+        leased, from a thread that outlives this call, until they end (an at-most-once body is
+        then reconciled by the next owner, never while it runs)."""
+        timeout = self.engine.settings.drain_timeout if drain is None else drain
+        if timeout > 0 and not self._stopped:
+            await self.drain(timeout)
         # The flag as well as the cancellation: 3.11's asyncio.timeout can swallow a cancel
         # that coincides with its deadline, and the loops must end all the same.
         self._stopped = True
@@ -120,6 +136,43 @@ class Worker:
             await keepalive.stop()
         with contextlib.suppress(Exception):
             await self.engine.store.release_worker(self.id, self.engine.clock.now())
+
+    async def drain(self, timeout: float) -> None:
+        """Up to `timeout` seconds (or until hurry()): claim nothing more, start nothing more
+        here, and give each run back once nothing of it is in flight: the step attempts in
+        flight finish and record how they ended first, then the execution ends as a suspension
+        claimable at once (by any worker of its version). Heartbeats go on meanwhile, so the
+        leases hold while the attempts finish."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + timeout
+        log.info("draining: %d run(s) in flight, up to %gs", len(self.runners), timeout)
+        while self.runners and not self._hurry.is_set() and loop.time() < give_up:
+            now = self.engine.clock.now()
+            for runner in list(self.runners.values()):
+                ctx = runner.ctx
+                if runner.stopping or runner.releasing:
+                    continue
+                if ctx is None:  # not executing yet: nothing of it is in flight
+                    runner.stop()
+                elif ctx.ending is None:
+                    # Reaches the workflow's tasks once nothing is busy: attempts in flight
+                    # record first, no new one starts (step.py's _before_attempt).
+                    ctx.end(Suspend(now))
+            tasks = [r.task for r in self.runners.values() if r.task is not None]
+            hurry = asyncio.ensure_future(self._hurry.wait())
+            try:
+                await asyncio.wait([*tasks, hurry], timeout=min(DRAIN_LOOK, give_up - loop.time()),
+                                   return_when=asyncio.FIRST_COMPLETED)  # fmt: skip
+            finally:
+                hurry.cancel()
+        if self.runners:
+            log.warning("drain ended with %d run(s) still in flight; interrupting them",
+                        len(self.runners))  # fmt: skip
+
+    def hurry(self) -> None:
+        """End a drain now (a second SIGTERM): stop() goes on to interrupt what is left."""
+        self._hurry.set()
 
     async def _let_threads_end(self) -> None:
         """Up to settings.shutdown_grace seconds for the sync step bodies running now (and
@@ -167,6 +220,8 @@ class Worker:
         """How many more runs this worker may execute now. Runs holding a short wait in
         memory while nothing of theirs runs (no step body, no I/O) do not count: they execute
         nothing, and they are few (max_held_waits)."""
+        if self.draining:  # in-process starts are left pending for another worker
+            return 0
         if not self.engine.held_waits:  # no run parks a wait: nothing to look for
             return self.engine.settings.concurrency - len(self.runners)
         runners = self.runners.values()
@@ -205,7 +260,7 @@ class Worker:
             if (
                 runner.lost is not None
                 and runner.adopted
-                and not (self._stopped or runner.stopping)
+                and not (self._stopped or self.draining or runner.stopping)
             ):
                 # A write made under the old epoch while the run was claimed again was fenced
                 # off after the adoption: this worker still holds the run (new epoch), so a new
@@ -245,10 +300,15 @@ class Worker:
                 if capacity > 0 and names:
                     now = clock.now()
                     for record in await store.claim_runs(
-                        self.id, names, now, now + self.lease_duration, capacity, engine.queues
-                    ):
+                        self.id, names, now, now + self.lease_duration, capacity, engine.queues,
+                        version=self.version, live_since=self.live_since(now),
+                    ):  # fmt: skip
                         self.launch(record)
-                wake_at = await store.next_wake_at(names) if names else None
+                wake_at = None
+                if names:
+                    wake_at = await store.next_wake_at(
+                        names, version=self.version, live_since=self.live_since(clock.now())
+                    )
             except Exception:
                 log.exception("claiming runs failed; retrying in %ss", settings.poll_interval)
                 wake_at = None
@@ -256,6 +316,13 @@ class Worker:
             if wake_at is not None:
                 timeout = min(timeout, max(0.0, wake_at - clock.now()) + 0.001)
             await self._idle(timeout)
+
+    def live_since(self, now: float) -> float | None:
+        """Since when a version's workers must have heartbeated for its runs to stay its own
+        (their leases run out after as long); None: runs never change version by themselves."""
+        if not self.engine.settings.version_handoff:
+            return None
+        return now - self.lease_duration
 
     async def _idle(self, timeout: float) -> None:
         """Until notified in-process, `timeout` passes, or another process changes the

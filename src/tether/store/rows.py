@@ -159,7 +159,7 @@ CHECKPOINT_PARAMS = (
 RUN_COLUMNS = (
     "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
     " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on,"
-    " queue, priority, dedup_key, started_at, started_by, failures"
+    " queue, priority, dedup_key, started_at, started_by, failures, version"
 )
 
 # What the queries of both dialects select by name ({run_columns} ...).
@@ -176,6 +176,7 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         updated_at=row[13], finished_at=row[14], parent_id=row[15],
         wake_on=tuple(json.loads(row[16])) if row[16] else (), queue=row[17], priority=row[18],
         dedup_key=row[19], started_at=row[20], started_by=row[21], failures=row[22],
+        version=row[23],
     )  # fmt: skip
 
 
@@ -183,7 +184,7 @@ def worker_from_row(row: Sequence[Any]) -> WorkerInfo:
     """A worker from the columns of the list_workers query."""
     workflows = None if row[6] is None else tuple(json.loads(row[6]))
     return WorkerInfo(row[0], row[1], row[2], row[3], row[4], row[5], workflows,
-                      row[7] or "", row[8] or "")  # fmt: skip
+                      row[7] or "", row[8] or "", row[9])  # fmt: skip
 
 
 def worker_params(worker: WorkerInfo, now: float) -> dict[str, Any]:
@@ -191,7 +192,8 @@ def worker_params(worker: WorkerInfo, now: float) -> dict[str, Any]:
     workflows = None if worker.workflows is None else json.dumps(sorted(worker.workflows))
     return {"id": worker.id, "host": worker.host, "pid": worker.pid,
             "pid_token": worker.pid_token, "now": now, "workflows": workflows,
-            "boot_id": worker.boot_id or None, "pid_ns": worker.pid_ns or None}  # fmt: skip
+            "boot_id": worker.boot_id or None, "pid_ns": worker.pid_ns or None,
+            "version": worker.version}  # fmt: skip
 
 
 def page_params(before: tuple[float, str] | None) -> dict[str, Any]:

@@ -174,15 +174,32 @@ class SqlStore:
         lease_until: float,
         limit: int,
         queues: Mapping[str, QueueLimits] | None = None,
+        *,
+        version: str | None = None,
+        live_since: float | None = None,
     ) -> list[RunRecord]:
         limited = dict(queues or {})
         return await self.driver.write(
-            lambda: runs.claim_runs(worker_id, workflows, now, lease_until, limit, limited),
+            lambda: runs.claim_runs(worker_id, workflows, now, lease_until, limit, limited,
+                                    version, live_since),
             label="claim_runs", multi=bool(limited),
         )  # fmt: skip
 
-    async def next_wake_at(self, workflows: Sequence[str]) -> float | None:
-        return await self.driver.read(lambda: runs.next_wake_at(workflows))
+    async def next_wake_at(
+        self,
+        workflows: Sequence[str],
+        *,
+        version: str | None = None,
+        live_since: float | None = None,
+    ) -> float | None:
+        return await self.driver.read(lambda: runs.next_wake_at(workflows, version, live_since))
+
+    async def move_version(self, run_id: str, version: str | None, now: float) -> RunRecord:
+        return await self.driver.write(lambda: runs.move_version(run_id, version, now),
+                                       label=f"move_version:{run_id}")  # fmt: skip
+
+    async def version_counts(self) -> dict[str | None, int]:
+        return await self.driver.read(runs.version_counts)
 
     async def suspend_run(
         self, lease: Lease, wake_at: float | None, now: float, wake_on: Sequence[str] = ()

@@ -27,10 +27,15 @@ def _not_found(run_id: str) -> RunNotFound:
 
 
 def new_run_params(
-    run: NewRun, now: float, owner: str | None, lease_until: float | None
+    run: NewRun,
+    now: float,
+    owner: str | None,
+    lease_until: float | None,
+    version: str | None = None,
 ) -> dict[str, Any]:
     """The parameters of insert_run: a run created pending (waiting until run.wake_at, when
-    set), or already claimed by `owner` until `lease_until` (epoch 1)."""
+    set), or already claimed by `owner` until `lease_until` (epoch 1) and pinned to its
+    `version`."""
     status = RunStatus.RUNNING if owner else RunStatus.PENDING
     wake_at = None if owner else run.wake_at  # app.start_at: waiting until then
     return {
@@ -42,13 +47,18 @@ def new_run_params(
         "started_by": run.started_by,
         # A run created already claimed has started: rate limits count it.
         "started_at": now if owner else None, "wake_at": wake_at,
+        "version": version if owner else None,
     }  # fmt: skip
 
 
 def create_run(
     run: NewRun, now: float, owner: str | None, lease_until: float | None
 ) -> Op[tuple[RunRecord, bool]]:
-    args = new_run_params(run, now, owner, lease_until)
+    version = None
+    if owner is not None:  # claimed at its creation: pinned to the claiming worker's version
+        row = yield from one("worker_version", id=owner)
+        version = None if row is None else row[0]
+    args = new_run_params(run, now, owner, lease_until, version)
     if (yield Query("insert_run", args)) != 1:
         row = yield from one("get_run", id=run.id)
         if row is not None:  # its id exists: the same run, asked for again
@@ -64,7 +74,7 @@ def create_run(
         wake_at=args["wake_at"], deadline_at=run.deadline_at,
         created_at=now, updated_at=now, parent_id=run.parent_id, queue=run.queue,
         priority=run.priority, dedup_key=run.dedup_key, started_at=now if owner else None,
-        started_by=run.started_by,
+        started_by=run.started_by, version=version,
     )  # fmt: skip
     return created, True
 
@@ -94,9 +104,12 @@ def claim_runs(
     lease_until: float,
     limit: int,
     queues: Mapping[str, QueueLimits],
+    version: str | None = None,
+    live_since: float | None = None,
 ) -> Op[list[RunRecord]]:
     base = {"worker": worker_id, "workflows": list(workflows), "now": now,
-            "lease_until": lease_until}  # fmt: skip
+            "lease_until": lease_until, "version": version,
+            "live_since": live_since}  # fmt: skip
     rows: list[Any] = []
     room = limit
     for name in sorted(queues):  # a fixed order: no deadlock between claimers
@@ -116,9 +129,28 @@ def claim_runs(
     return sorted((run_from_row(r) for r in rows), key=lambda r: (-r.priority, r.created_at, r.id))
 
 
-def next_wake_at(workflows: Sequence[str]) -> Op[float | None]:
-    row = yield from one("next_wake_at", workflows=list(workflows))
+def next_wake_at(
+    workflows: Sequence[str], version: str | None = None, live_since: float | None = None
+) -> Op[float | None]:
+    row = yield from one("next_wake_at", workflows=list(workflows), version=version,
+                         live_since=live_since)  # fmt: skip
     return None if row is None or row[0] is None else float(row[0])
+
+
+def move_version(run_id: str, version: str | None, now: float) -> Op[RunRecord]:
+    row = yield from one("move_version", id=run_id, version=version, now=now)
+    if row is not None:
+        yield NOTIFY  # its new version's workers may claim it now
+        return run_from_row(row)
+    row = yield from one("get_run", id=run_id)
+    if row is None:
+        raise _not_found(run_id)
+    return run_from_row(row)  # finished: left as it is
+
+
+def version_counts() -> Op[dict[str | None, int]]:
+    rows = yield from select("version_counts")
+    return {row[0]: int(row[1]) for row in rows}
 
 
 def _fenced(lease: Lease, query: str, **extra: Any) -> Op[None]:

@@ -73,6 +73,9 @@ class RunRecord:
     started_at: float | None = None  # when a worker first claimed it (rate limits count these)
     started_by: str | None = None  # who started it (approvals with separate duties refuse them)
     failures: int = 0  # consecutive executions that failed outside the workflow's code
+    # The application version it is pinned to (docs/versions.md): only workers of that version
+    # claim it. None until its first claim (or a run made before versions existed).
+    version: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +164,7 @@ class WorkerInfo:
     # judged by its pid only where both are this process's own ("" where unknown).
     boot_id: str = ""
     pid_ns: str = ""
+    version: str | None = None  # the application version it runs; None: an older worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,16 +256,29 @@ class CorePort(Protocol):
         lease_until: float,
         limit: int,
         queues: Mapping[str, QueueLimits] | None = None,
+        *,
+        version: str | None = None,
+        live_since: float | None = None,
     ) -> list[RunRecord]:
         """Take up to `limit` runnable runs of these workflows: pending ones due now, waiting
         ones whose wake_at has come, running ones whose lease expired. Each claim sets the
         owner, increments the epoch, sets status running (and started_at, the first time).
+        With `version` (the claiming worker's), only runs pinned to it, not pinned yet, or
+        (with `live_since`) pinned to a version no worker of which heartbeated since then are
+        taken, and each is pinned to it; None takes any and pins none.
         Highest priority first, then oldest. Runs of a queue in `queues` are claimed within
         its limits: running runs (with a live lease) across workers and on this worker, and
         first claims in the last `period` seconds; claims of one queue are serialized."""
 
-    async def next_wake_at(self, workflows: Sequence[str]) -> float | None:
-        """The earliest future time at which a run of these workflows becomes claimable."""
+    async def next_wake_at(
+        self,
+        workflows: Sequence[str],
+        *,
+        version: str | None = None,
+        live_since: float | None = None,
+    ) -> float | None:
+        """The earliest future time at which a run of these workflows becomes claimable (by
+        a worker of `version`, as claim_runs counts it with `live_since`)."""
 
     async def load_history(self, run_id: str) -> list[Checkpoint]:
         """The run's checkpoints, ordered by seq, each with its position and arguments."""
@@ -333,12 +350,22 @@ class CorePort(Protocol):
         self, run_id: str, now: float, deadline_at: float | None, retry: str | None = None
     ) -> RunRecord:
         """Give a failed, dead or held run another go after a fix: it becomes pending (error
-        cleared, failures 0, its deadline `deadline_at`), and the failed checkpoint at position
+        cleared, failures 0, its deadline `deadline_at`, unpinned: the fix is new code, so its
+        next claim pins it to its version), and the failed checkpoint at position
         `retry` (the failure that ended the run) becomes retrying, due now, so that step gets
         one more attempt under the current code while the rest replays as recorded (failures
         the workflow caught among them). A run in another status is returned unchanged.
         Raises RunNotFound, and DuplicateRun if an unfinished run of its queue now holds its
         dedup key."""
+
+    async def move_version(self, run_id: str, version: str | None, now: float) -> RunRecord:
+        """Pin an unfinished run to `version` (None: unpinned, its next claim pins it); a
+        worker executing it now goes on, later claims are by that version (as claim_runs
+        counts it). A finished
+        run is returned unchanged. Raises RunNotFound."""
+
+    async def version_counts(self) -> dict[str | None, int]:
+        """How many unfinished runs are pinned to each version (None: not pinned yet)."""
 
     async def deliver_event(self, run_id: str, key: str, payload: str, now: float) -> RunRecord:
         """Append an event to the run's mailbox, unless the run has finished (then nothing is

@@ -7,10 +7,10 @@
 -- nothing: create_run tells the two apart, a schedule skips a slot's run whose key is held.
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
                          deadline_at, parent_id, queue, priority, dedup_key, started_by,
-                         started_at, created_at, updated_at, wake_at)
+                         started_at, created_at, updated_at, wake_at, version)
 VALUES (%(id)s, %(workflow)s, %(status)s, %(args)s, %(owner)s, %(epoch)s, %(lease_expires_at)s,
         %(deadline_at)s, %(parent_id)s, %(queue)s, %(priority)s, %(dedup_key)s, %(started_by)s,
-        %(started_at)s, %(now)s, %(now)s, %(wake_at)s)
+        %(started_at)s, %(now)s, %(now)s, %(wake_at)s, %(version)s)
 ON CONFLICT DO NOTHING;
 
 -- name: get_run
@@ -34,16 +34,22 @@ SELECT NULL, count(*), min(created_at) FROM tether_approvals WHERE status = 'pen
 
 -- name: claim_runs
 -- Runs outside the queues that have limits. Highest priority first, then oldest.
+-- Only runs of this worker's version, not pinned yet, or pinned to a version that has no live
+-- worker (a heartbeat since live_since; NULL: none is taken over); each is pinned to it.
 UPDATE tether_runs
 SET owner = %(worker)s, epoch = epoch + 1, status = 'running',
     lease_expires_at = %(lease_until)s, wake_at = NULL, updated_at = %(now)s,
-    started_at = coalesce(started_at, %(now)s)
+    started_at = coalesce(started_at, %(now)s), version = coalesce(%(version)s, version)
 WHERE id IN (
     SELECT id FROM tether_runs
     WHERE workflow = ANY(%(workflows)s) AND (queue IS NULL OR NOT (queue = ANY(%(limited)s)))
       AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s))
         OR (status IN ('waiting', 'held') AND wake_at <= %(now)s)
         OR (status = 'running' AND lease_expires_at < %(now)s))
+      AND (%(version)s::text IS NULL OR version IS NULL OR version = %(version)s
+           OR (%(live_since)s::double precision IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM tether_workers w WHERE w.version = tether_runs.version
+                 AND w.heartbeat_at >= %(live_since)s)))
     ORDER BY priority DESC, created_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED)
@@ -54,13 +60,17 @@ RETURNING {run_columns};
 UPDATE tether_runs
 SET owner = %(worker)s, epoch = epoch + 1, status = 'running',
     lease_expires_at = %(lease_until)s, wake_at = NULL, updated_at = %(now)s,
-    started_at = coalesce(started_at, %(now)s)
+    started_at = coalesce(started_at, %(now)s), version = coalesce(%(version)s, version)
 WHERE id IN (
     SELECT id FROM tether_runs
     WHERE workflow = ANY(%(workflows)s) AND queue = %(queue)s
       AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s))
         OR (status IN ('waiting', 'held') AND wake_at <= %(now)s)
         OR (status = 'running' AND lease_expires_at < %(now)s))
+      AND (%(version)s::text IS NULL OR version IS NULL OR version = %(version)s
+           OR (%(live_since)s::double precision IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM tether_workers w WHERE w.version = tether_runs.version
+                 AND w.heartbeat_at >= %(live_since)s)))
     ORDER BY priority DESC, created_at, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED)
@@ -77,13 +87,23 @@ SELECT
 FROM tether_runs WHERE queue = %(queue)s;
 
 -- name: next_wake_at
+-- Runs pinned to another live version are not this worker's to wait for (a due one would
+-- spin it).
 SELECT min(t) FROM (
     SELECT min(wake_at) AS t FROM tether_runs
     WHERE status IN ('pending', 'waiting', 'held') AND wake_at IS NOT NULL
       AND workflow = ANY(%(workflows)s)
+      AND (%(version)s::text IS NULL OR version IS NULL OR version = %(version)s
+           OR (%(live_since)s::double precision IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM tether_workers w WHERE w.version = tether_runs.version
+                 AND w.heartbeat_at >= %(live_since)s)))
     UNION ALL
     SELECT min(lease_expires_at) FROM tether_runs
-    WHERE status = 'running' AND workflow = ANY(%(workflows)s)) AS due;
+    WHERE status = 'running' AND workflow = ANY(%(workflows)s)
+      AND (%(version)s::text IS NULL OR version IS NULL OR version = %(version)s
+           OR (%(live_since)s::double precision IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM tether_workers w WHERE w.version = tether_runs.version
+                 AND w.heartbeat_at >= %(live_since)s)))) AS due;
 
 -- name: lease_held
 SELECT 1 FROM tether_runs
@@ -205,18 +225,19 @@ WHERE parent_id = %(id)s AND status NOT IN ('succeeded', 'failed', 'cancelled', 
 
 -- name: upsert_worker
 INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at, workflows,
-                            boot_id, pid_ns)
+                            boot_id, pid_ns, version)
 VALUES (%(id)s, %(host)s, %(pid)s, %(pid_token)s, %(now)s, %(now)s, %(workflows)s,
-        %(boot_id)s, %(pid_ns)s)
+        %(boot_id)s, %(pid_ns)s, %(version)s)
 ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
     pid_token = excluded.pid_token, heartbeat_at = excluded.heartbeat_at,
-    workflows = excluded.workflows, boot_id = excluded.boot_id, pid_ns = excluded.pid_ns;
+    workflows = excluded.workflows, boot_id = excluded.boot_id, pid_ns = excluded.pid_ns,
+    version = excluded.version;
 
 -- name: touch_worker
 UPDATE tether_workers SET heartbeat_at = %(now)s WHERE id = %(id)s;
 
 -- name: list_workers
-SELECT id, host, pid, pid_token, started_at, heartbeat_at, workflows, boot_id, pid_ns
+SELECT id, host, pid, pid_token, started_at, heartbeat_at, workflows, boot_id, pid_ns, version
 FROM tether_workers
 WHERE (%(host)s::text IS NULL OR host = %(host)s) ORDER BY id;
 
@@ -229,6 +250,21 @@ RETURNING id;
 
 -- name: delete_worker
 DELETE FROM tether_workers WHERE id = %(id)s;
+
+-- name: worker_version
+SELECT version FROM tether_workers WHERE id = %(id)s;
+
+-- name: move_version
+-- Pin an unfinished run to another version (NULL: unpinned, the next claim pins it).
+UPDATE tether_runs SET version = %(version)s, updated_at = %(now)s
+WHERE id = %(id)s AND status IN ('pending', 'running', 'waiting', 'held')
+RETURNING {run_columns};
+
+-- name: version_counts
+-- Unfinished runs by the version they are pinned to (the status index finds them).
+SELECT version, count(*) FROM tether_runs
+WHERE status IN ('pending', 'running', 'waiting', 'held')
+GROUP BY version ORDER BY version;
 
 -- name: lock_run
 -- Taken before an event is delivered to the run and before the run suspends, so the two are
@@ -412,8 +448,9 @@ WHERE run_id = %(id)s AND status = 'failed'
   AND coalesce(position, CAST(seq AS TEXT)) = %(retry)s;
 
 -- name: resume_run
+-- Resumed after a fix, which is new code: unpinned, the next claim pins it to its version.
 UPDATE tether_runs
 SET status = 'pending', result = NULL, error = NULL, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, wake_on = NULL, cancel_requested = FALSE, finished_at = NULL,
-    updated_at = %(now)s, failures = 0, deadline_at = %(deadline_at)s
+    updated_at = %(now)s, failures = 0, deadline_at = %(deadline_at)s, version = NULL
 WHERE id = %(id)s AND status IN ('failed', 'dead', 'held');

@@ -7,10 +7,10 @@
 -- nothing: create_run tells the two apart, a schedule skips a slot's run whose key is held.
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
                          deadline_at, parent_id, queue, priority, dedup_key, started_by,
-                         started_at, created_at, updated_at, wake_at)
+                         started_at, created_at, updated_at, wake_at, version)
 VALUES (:id, :workflow, :status, :args, :owner, :epoch, :lease_expires_at,
         :deadline_at, :parent_id, :queue, :priority, :dedup_key, :started_by,
-        :started_at, :now, :now, :wake_at)
+        :started_at, :now, :now, :wake_at, :version)
 ON CONFLICT DO NOTHING;
 
 -- name: get_run
@@ -34,16 +34,22 @@ SELECT NULL, count(*), min(created_at) FROM tether_approvals WHERE status = 'pen
 
 -- name: claim_runs
 -- Runs outside the queues that have limits. Highest priority first, then oldest.
+-- Only runs of this worker's version, not pinned yet, or pinned to a version that has no live
+-- worker (a heartbeat since live_since; NULL: none is taken over); each is pinned to it.
 UPDATE tether_runs
 SET owner = :worker, epoch = epoch + 1, status = 'running',
     lease_expires_at = :lease_until, wake_at = NULL, updated_at = :now,
-    started_at = coalesce(started_at, :now)
+    started_at = coalesce(started_at, :now), version = coalesce(:version, version)
 WHERE id IN (
     SELECT id FROM tether_runs
     WHERE workflow IN (SELECT value FROM json_each(:workflows)) AND (queue IS NULL OR queue NOT IN (SELECT value FROM json_each(:limited)))
       AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= :now))
         OR (status IN ('waiting', 'held') AND wake_at <= :now)
         OR (status = 'running' AND lease_expires_at < :now))
+      AND (:version IS NULL OR version IS NULL OR version = :version
+           OR (:live_since IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM tether_workers w WHERE w.version = tether_runs.version
+                 AND w.heartbeat_at >= :live_since)))
     ORDER BY priority DESC, created_at, id
     LIMIT :limit
 )
@@ -54,13 +60,17 @@ RETURNING {run_columns};
 UPDATE tether_runs
 SET owner = :worker, epoch = epoch + 1, status = 'running',
     lease_expires_at = :lease_until, wake_at = NULL, updated_at = :now,
-    started_at = coalesce(started_at, :now)
+    started_at = coalesce(started_at, :now), version = coalesce(:version, version)
 WHERE id IN (
     SELECT id FROM tether_runs
     WHERE workflow IN (SELECT value FROM json_each(:workflows)) AND queue = :queue
       AND ((status = 'pending' AND (wake_at IS NULL OR wake_at <= :now))
         OR (status IN ('waiting', 'held') AND wake_at <= :now)
         OR (status = 'running' AND lease_expires_at < :now))
+      AND (:version IS NULL OR version IS NULL OR version = :version
+           OR (:live_since IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM tether_workers w WHERE w.version = tether_runs.version
+                 AND w.heartbeat_at >= :live_since)))
     ORDER BY priority DESC, created_at, id
     LIMIT :limit
 )
@@ -77,13 +87,23 @@ SELECT
 FROM tether_runs WHERE queue = :queue;
 
 -- name: next_wake_at
+-- Runs pinned to another live version are not this worker's to wait for (a due one would
+-- spin it).
 SELECT min(t) FROM (
     SELECT min(wake_at) AS t FROM tether_runs
     WHERE status IN ('pending', 'waiting', 'held') AND wake_at IS NOT NULL
       AND workflow IN (SELECT value FROM json_each(:workflows))
+      AND (:version IS NULL OR version IS NULL OR version = :version
+           OR (:live_since IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM tether_workers w WHERE w.version = tether_runs.version
+                 AND w.heartbeat_at >= :live_since)))
     UNION ALL
     SELECT min(lease_expires_at) FROM tether_runs
-    WHERE status = 'running' AND workflow IN (SELECT value FROM json_each(:workflows)));
+    WHERE status = 'running' AND workflow IN (SELECT value FROM json_each(:workflows))
+      AND (:version IS NULL OR version IS NULL OR version = :version
+           OR (:live_since IS NOT NULL AND NOT EXISTS (
+               SELECT 1 FROM tether_workers w WHERE w.version = tether_runs.version
+                 AND w.heartbeat_at >= :live_since))));
 
 -- name: load_history
 SELECT {checkpoint_columns} FROM tether_checkpoints WHERE run_id = :run_id ORDER BY seq;
@@ -176,18 +196,19 @@ WHERE id = :id AND status = 'running';
 
 -- name: upsert_worker
 INSERT INTO tether_workers (id, host, pid, pid_token, started_at, heartbeat_at, workflows,
-                            boot_id, pid_ns)
+                            boot_id, pid_ns, version)
 VALUES (:id, :host, :pid, :pid_token, :now, :now, :workflows,
-        :boot_id, :pid_ns)
+        :boot_id, :pid_ns, :version)
 ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid,
     pid_token = excluded.pid_token, heartbeat_at = excluded.heartbeat_at,
-    workflows = excluded.workflows, boot_id = excluded.boot_id, pid_ns = excluded.pid_ns;
+    workflows = excluded.workflows, boot_id = excluded.boot_id, pid_ns = excluded.pid_ns,
+    version = excluded.version;
 
 -- name: touch_worker
 UPDATE tether_workers SET heartbeat_at = :now WHERE id = :id;
 
 -- name: list_workers
-SELECT id, host, pid, pid_token, started_at, heartbeat_at, workflows, boot_id, pid_ns
+SELECT id, host, pid, pid_token, started_at, heartbeat_at, workflows, boot_id, pid_ns, version
 FROM tether_workers
 WHERE (:host IS NULL OR host = :host) ORDER BY id;
 
@@ -199,6 +220,21 @@ RETURNING id;
 
 -- name: delete_worker
 DELETE FROM tether_workers WHERE id = :id;
+
+-- name: worker_version
+SELECT version FROM tether_workers WHERE id = :id;
+
+-- name: move_version
+-- Pin an unfinished run to another version (NULL: unpinned, the next claim pins it).
+UPDATE tether_runs SET version = :version, updated_at = :now
+WHERE id = :id AND status IN ('pending', 'running', 'waiting', 'held')
+RETURNING {run_columns};
+
+-- name: version_counts
+-- Unfinished runs by the version they are pinned to (the status index finds them).
+SELECT version, count(*) FROM tether_runs
+WHERE status IN ('pending', 'running', 'waiting', 'held')
+GROUP BY version ORDER BY version;
 
 -- name: children
 SELECT id FROM tether_runs
@@ -379,8 +415,9 @@ WHERE run_id = :id AND status = 'failed'
   AND coalesce(position, CAST(seq AS TEXT)) = :retry;
 
 -- name: resume_run
+-- Resumed after a fix, which is new code: unpinned, the next claim pins it to its version.
 UPDATE tether_runs
 SET status = 'pending', result = NULL, error = NULL, owner = NULL, lease_expires_at = NULL,
     wake_at = NULL, wake_on = NULL, cancel_requested = 0, finished_at = NULL, updated_at = :now,
-    failures = 0, deadline_at = :deadline_at
+    failures = 0, deadline_at = :deadline_at, version = NULL
 WHERE id = :id AND status IN ('failed', 'dead', 'held');
