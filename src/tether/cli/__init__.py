@@ -16,11 +16,13 @@ from tether.cli.common import TetherGroup
 from tether.cli.credentials import login, logout
 from tether.cli.events import events
 from tether.cli.maintenance import gc, status
+from tether.cli.migrate import migrate
 from tether.cli.replay import replay_check
 from tether.cli.runs import runs
 from tether.cli.schedules import schedules
 from tether.cli.serve import serve
 from tether.cli.users import users
+from tether.cli.versions import runs_move_version  # noqa: F401  (adds runs move-version)
 from tether.cli.worker import worker
 
 
@@ -35,6 +37,7 @@ def cli() -> None:
 for command in (runs, events, approvals, users, login, logout, replay_check, serve, worker,
                 schedules, gc, status):  # fmt: skip
     cli.add_command(command)
+cli.add_command(migrate)
 
 
 def main() -> None:

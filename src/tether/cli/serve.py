@@ -11,6 +11,7 @@ import asyncio
 import os
 from collections.abc import Sequence
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import click
 
@@ -18,6 +19,10 @@ from tether.app import App
 from tether.cli.common import load_app
 from tether.errors import ConfigurationError
 from tether.telemetry.logs import install_logging
+
+if TYPE_CHECKING:  # uvicorn is the [server] extra's, imported when serving
+    import uvicorn
+    from starlette.types import ASGIApp
 
 
 def server_settings(secure: bool, origins: Sequence[str]) -> bytes | None:
@@ -36,9 +41,29 @@ def server_settings(secure: bool, origins: Sequence[str]) -> bytes | None:
     return None if not text else session_secret(text)
 
 
+def server_config(
+    server: ASGIApp, host: str, port: int, *, secure: bool,
+    forwarded_allow_ips: str | None = None,
+) -> uvicorn.Config:  # fmt: skip
+    """uvicorn's settings for `tether serve`. X-Forwarded-* headers are trusted behind a proxy
+    (--secure-cookies, or --forwarded-allow-ips given), and only from the proxies named:
+    loopback unless --forwarded-allow-ips (or uvicorn's $FORWARDED_ALLOW_IPS) says others."""
+    import uvicorn
+
+    # Open SSE streams would hold a graceful stop forever; browsers reconnect by themselves.
+    # log_config=None: uvicorn's own handlers would write its records (tracebacks of ASGI
+    # errors included) past Tether's formatter, which neutralises control characters and
+    # redacts secrets; its loggers propagate to the one install_logging sets up instead.
+    return uvicorn.Config(server, host=host, port=port, log_level="info", access_log=False,
+                          proxy_headers=secure or forwarded_allow_ips is not None,
+                          forwarded_allow_ips=forwarded_allow_ips, server_header=False,
+                          log_config=None, timeout_graceful_shutdown=5)  # fmt: skip
+
+
 async def run_server(
     app: App, host: str, port: int, *, worker: bool, secure: bool,
     origins: Sequence[str] = (), idle: timedelta | None = None,
+    forwarded_allow_ips: str | None = None,
 ) -> None:  # fmt: skip
     import uvicorn
 
@@ -47,13 +72,8 @@ async def run_server(
     secret = server_settings(secure, origins)
     server = create_server(app, secret=secret, secure_cookies=secure, origins=origins,
                            session_idle=idle or timedelta(minutes=30))  # fmt: skip
-    # Open SSE streams would hold a graceful stop forever; browsers reconnect by themselves.
-    # log_config=None: uvicorn's own handlers would write its records (tracebacks of ASGI
-    # errors included) past Tether's formatter, which neutralises control characters and
-    # redacts secrets; its loggers propagate to the one install_logging sets up instead.
-    config = uvicorn.Config(server, host=host, port=port, log_level="info", access_log=False,
-                            proxy_headers=secure, server_header=False, log_config=None,
-                            timeout_graceful_shutdown=5)  # fmt: skip
+    config = server_config(server, host, port, secure=secure,
+                           forwarded_allow_ips=forwarded_allow_ips)  # fmt: skip
     install_logging()  # Tether's records say [run=... step=...]
     if worker:
         async with app:
@@ -82,11 +102,15 @@ async def run_server(
 @click.option("--origin", "origins", multiple=True, metavar="URL",
               help="A public origin (https://tether.example.com), repeatable; a request "
               "whose Host is not one is refused. Default: the bound address.")  # fmt: skip
+@click.option("--forwarded-allow-ips", metavar="IPS",
+              help="Proxies whose X-Forwarded-For/-Proto are believed: comma-separated "
+              "addresses or networks (10.0.0.0/8), or * for any. Default: loopback only "
+              "($FORWARDED_ALLOW_IPS). Needed behind an ingress on another address.")  # fmt: skip
 @click.option("--session-idle", type=click.IntRange(1, 12 * 60), default=30, show_default=True,
               help="Minutes without a request after which an inbox session ends.")  # fmt: skip
 def serve(
     app_ref: str, host: str, port: int, worker: bool, secure_cookies: bool,
-    origins: tuple[str, ...], session_idle: int,
+    origins: tuple[str, ...], forwarded_allow_ips: str | None, session_idle: int,
 ) -> None:  # fmt: skip
     """Serve the JSON API (/api, OpenAPI at /openapi.json), the inbox (/) and /metrics of the
     App at MODULE:APP. Users and their tokens: `tether users add NAME`. Set
@@ -96,4 +120,5 @@ def serve(
     app = load_app(app_ref)
     click.echo(f"tether serve: http://{host}:{port}/ on {app.url}", err=True)
     asyncio.run(run_server(app, host, port, worker=worker, secure=secure_cookies,
-                           origins=origins, idle=timedelta(minutes=session_idle)))  # fmt: skip
+                           origins=origins, idle=timedelta(minutes=session_idle),
+                           forwarded_allow_ips=forwarded_allow_ips))  # fmt: skip

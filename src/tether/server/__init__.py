@@ -1,5 +1,6 @@
 """The HTTP server of an App (`tether serve module:app`): the JSON API under /api with its
-OpenAPI document, the reviewers' inbox, live updates over SSE, and /metrics.
+OpenAPI document, the reviewers' inbox, live updates over SSE, /metrics, and the probes
+/healthz and /readyz.
 
 create_server() assembles the parts; each part lives in its own module and none holds engine
 logic. Binds 127.0.0.1 unless told otherwise, and denies every /api route without a token.
@@ -17,6 +18,7 @@ from tether.app import App
 from tether.errors import ApprovalRefused
 from tether.server.api import build_router, refused
 from tether.server.auth import IDLE_SECONDS, SESSION_SECONDS, Auth
+from tether.server.health import Probes
 from tether.server.http import MAX_BODY, Hygiene, Site
 from tether.server.inbox import build_inbox
 from tether.server.metrics import build_metrics
@@ -59,6 +61,8 @@ def create_server(
     server.include_router(build_inbox(app))  # the inbox for people, its assets and /live
     server.include_router(build_metrics(app))  # /metrics, for group admin or metrics
     server.add_middleware(Hygiene, max_body=max_body, hsts=secure_cookies, site=site)
+    # Outermost: a probe comes by address (the kubelet's Host is the pod's IP), with no token.
+    server.add_middleware(Probes, app=app)
 
     return server
 

@@ -21,7 +21,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tether import faults
-from tether.errors import StoreUnavailable
+from tether.errors import ConfigurationError, StoreUnavailable
+from tether.redact import redact_text
 from tether.store.drivers.postgres import maintenance
 from tether.store.drivers.postgres.body import BodyFailed, call_body
 from tether.store.drivers.postgres.options import postgres_options
@@ -65,6 +66,25 @@ _ALONE = object()  # in a lockstep round: a statement not sent in the pipeline
 
 class _Undo(Exception):
     """An operation alone in its transaction failed: leave the transaction (rolled back)."""
+
+
+def check_schema(done: set[int], known: set[int], where: str, *, migrate: bool) -> None:
+    """Refuse a schema this code cannot use: versions it does not know (a newer Tether made
+    them), or, when not migrating, versions it needs that were never applied."""
+    newer = sorted(done - known)
+    if newer:
+        raise ConfigurationError(
+            f"the database {where} has schema migrations {newer} that this Tether does not "
+            f"know (it knows up to {max(known)}): a newer Tether migrated it; upgrade Tether "
+            f"in this process to the version the others run"
+        )
+    missing = sorted(known - done)
+    if missing and not migrate:
+        raise ConfigurationError(
+            f"the database {where} lacks schema migrations {missing} of this Tether, and the "
+            f"URL says migrate=false: run `tether migrate -d URL` (with a role that may change "
+            f"the schema), then start again"
+        )
 
 
 class PostgresDriver:
@@ -127,7 +147,9 @@ class PostgresDriver:
                 listener = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
                 await listener.execute(f"LISTEN {CHANNEL}")
         except psycopg.Error as exc:
-            raise StoreUnavailable(f"cannot open PostgreSQL database {self.url!r}: {exc}") from exc
+            # The URL may carry a password: never in an error that reaches a log.
+            shown = redact_text(self.url)
+            raise StoreUnavailable(f"cannot open PostgreSQL database {shown!r}: {exc}") from exc
         self.pool, self._listener = pool, listener
         if listener is not None:
             self._listening = asyncio.create_task(self._listen(listener))
@@ -154,6 +176,20 @@ class PostgresDriver:
 
     async def _migrate(self, conn: Conn) -> None:
         schema = self.options.schema
+        known = {v for v, _ in self.queries.migrations}
+        where = f"{redact_text(self.url)!r}"
+        if not self.options.migrate:  # a role without DDL rights: look, change nothing
+            async with conn.transaction():
+                if schema is not None:
+                    await conn.execute(f'SET LOCAL search_path TO "{schema}"')
+                cur = await conn.execute("SELECT to_regclass('tether_migrations') IS NOT NULL")
+                row = await cur.fetchone()
+                done: set[int] = set()
+                if row is not None and row[0]:
+                    cur = await conn.execute("SELECT version FROM tether_migrations")
+                    done = {r[0] for r in await cur.fetchall()}
+            check_schema(done, known, where, migrate=False)
+            return
         async with conn.transaction():
             # One migrator at a time, across processes and machines.
             await conn.execute("SELECT pg_advisory_xact_lock(7231)")
@@ -166,6 +202,7 @@ class PostgresDriver:
             )
             cur = await conn.execute("SELECT version FROM tether_migrations")
             done = {r[0] for r in await cur.fetchall()}
+            check_schema(done, known, where, migrate=True)
             for version, sql in self.queries.migrations:
                 if version not in done:
                     await conn.execute(sql.encode())

@@ -1,7 +1,8 @@
 """The options of a PostgreSQL database URL that are Tether's own, taken off the URL before it
 reaches libpq: `schema` (Tether's tables in that schema), `pool_min` and `pool_max` (the pool's
 size), `prepare_threshold` (executions of a statement on a connection before it is prepared;
-`none` turns prepared statements off, as PgBouncer in transaction mode needs).
+`none` turns prepared statements off, as PgBouncer in transaction mode needs), `migrate`
+(`false`: check the schema at open, never change it; for a role without DDL rights).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class PostgresOptions:
     pool_min: int = 1
     pool_max: int = 10
     prepare_threshold: int | None = 5
+    migrate: bool = True
 
 
 def _int(query: dict[str, list[str]], name: str, default: int, url: str) -> int:
@@ -54,7 +56,12 @@ def postgres_options(url: str) -> PostgresOptions:
         threshold = None
     else:
         threshold = _int(query, "prepare_threshold", 5, url)
+    migrate = query.pop("migrate", ["true"])[0].lower()
+    if migrate not in ("true", "false"):
+        raise ConfigurationError(
+            f"migrate={migrate!r} in the database URL {url!r}: use migrate=true or false"
+        )
     rest = urlencode({k: v[0] for k, v in query.items()})
     scheme = "postgresql" if parts.scheme in ("postgres", "postgresql") else parts.scheme
     conninfo = urlunsplit((scheme, parts.netloc, parts.path, rest, ""))
-    return PostgresOptions(conninfo, schema, pool_min, pool_max, threshold)
+    return PostgresOptions(conninfo, schema, pool_min, pool_max, threshold, migrate == "true")

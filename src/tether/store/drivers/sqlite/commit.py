@@ -69,6 +69,34 @@ def parse_sqlite_url(url: str) -> tuple[str, str]:
     return path, sync
 
 
+def sqlite_migrates(url: str) -> bool:
+    """Whether opening the file at `url` applies missing migrations: yes unless the URL says
+    `migrate=false` (then a schema older than the code is an error naming `tether migrate`)."""
+    value = parse_qs(urlsplit(url).query).get("migrate", ["true"])[0].lower()
+    if value not in ("true", "false"):
+        raise ConfigurationError(f"migrate={value!r} in {url!r}: use migrate=true or false")
+    return value == "true"
+
+
+def check_schema(done: set[int], known: set[int], where: str, *, migrate: bool) -> None:
+    """Refuse a schema this code cannot use: versions it does not know (a newer Tether made
+    them), or, when not migrating, versions it needs that were never applied."""
+    newer = sorted(done - known)
+    if newer:
+        raise ConfigurationError(
+            f"the database {where} has schema migrations {newer} that this Tether does not "
+            f"know (it knows up to {max(known)}): a newer Tether migrated it; upgrade Tether "
+            f"in this process to the version the others run"
+        )
+    missing = sorted(known - done)
+    if missing and not migrate:
+        raise ConfigurationError(
+            f"the database {where} lacks schema migrations {missing} of this Tether, and the "
+            f"URL says migrate=false: run `tether migrate -d URL` (with a role that may change "
+            f"the schema), then start again"
+        )
+
+
 # Filesystem types whose files other machines may open too (/proc/mounts' third field).
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "fuse.sshfs", "glusterfs", "fuse.glusterfs",
@@ -166,9 +194,11 @@ class CommitQueue:
         migrations: list[tuple[int, str]],
         *,
         busy_timeout: float = 30.0,
+        migrate: bool = True,
     ) -> None:
         self.path, self.synchronous = path, synchronous
         self._migrations = migrations
+        self._migrates = migrate  # False: check the schema, never change it
         self._busy_timeout = busy_timeout
         self._queue: queue.SimpleQueue[_Op | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -248,6 +278,23 @@ class CommitQueue:
         self._thread.start()
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
+        try:
+            self._apply(conn)
+        except ConfigurationError:
+            conn.close()  # open() gives up on this file: nothing else would close it
+            raise
+
+    def _apply(self, conn: sqlite3.Connection) -> None:
+        known = {v for v, _ in self._migrations} | {NUMBERED}
+        if not self._migrates:
+            recorded = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'tether_migrations'"
+            ).fetchone()
+            done = set()
+            if recorded:
+                done = {r[0] for r in conn.execute("SELECT version FROM tether_migrations")}
+            check_schema(done, known, repr(self.path), migrate=False)
+            return
         conn.execute("BEGIN IMMEDIATE")
         try:
             conn.execute(
@@ -257,6 +304,7 @@ class CommitQueue:
             done = {r[0] for r in conn.execute("SELECT version FROM tether_migrations")}
             if NUMBERED not in done:
                 done = _renumber(conn, done, self.path)
+            check_schema(done, known, repr(self.path), migrate=True)
             for version, sql in self._migrations:
                 if version not in done:
                     code = "\n".join(ln for ln in sql.splitlines() if not ln.startswith("--"))

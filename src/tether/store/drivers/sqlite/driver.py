@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from tether.store.drivers.sqlite import maintenance
 from tether.store.drivers.sqlite.body import BodyFailed, run_body
-from tether.store.drivers.sqlite.commit import CommitQueue, parse_sqlite_url
+from tether.store.drivers.sqlite.commit import CommitQueue, parse_sqlite_url, sqlite_migrates
 from tether.store.port.maintenance import StorageSizes, WalState
 from tether.store.port.outbox import TransactionBody, TransactionOutcome
 from tether.store.query import Conflict, Op, Params, Queries, Query, drive
@@ -72,7 +72,11 @@ class SqliteDriver:
         self.queries = queries
         self.busy_timeout = busy_timeout
         self.queue = CommitQueue(
-            self.path, self.synchronous, queries.migrations, busy_timeout=busy_timeout
+            self.path,
+            self.synchronous,
+            queries.migrations,
+            busy_timeout=busy_timeout,
+            migrate=sqlite_migrates(url),
         )
 
     async def open(self) -> None:
