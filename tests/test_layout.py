@@ -18,6 +18,8 @@ SRC = Path(tether.__file__).parent
 
 # The public API, as promised: adding a name is a decision, removing one is a breaking change.
 PUBLIC = {
+    "ArgumentsRefused",
+    "Named",
     "Retention",
     "Sender",
     "outbox",

@@ -72,10 +72,11 @@ from tether.core.waits import (
     wait_any,
     wait_for_event,
 )
-from tether.core.workflow import Workflow
+from tether.core.workflow import Named, Workflow
 from tether.errors import (
     ApprovalNotFound,
     ApprovalRefused,
+    ArgumentsRefused,
     ConfigurationError,
     DuplicateRun,
     EventRefused,
@@ -116,6 +117,8 @@ def now() -> datetime:
 
 
 __all__ = [
+    "ArgumentsRefused",
+    "Named",
     "Retention",
     "Sender",
     "outbox",

@@ -28,9 +28,10 @@ from tether.core.resume import resume
 from tether.core.retry import Retry
 from tether.core.start import check_run_id, create_run, new_run_id
 from tether.core.step import IN_DOUBT, Step
+from tether.core.versions import VersionsMixin, check_version
 from tether.core.waits import check_key
 from tether.core.worker import Worker
-from tether.core.workflow import Workflow
+from tether.core.workflow import Named, Workflow
 from tether.errors import ConfigurationError, EventRefused, RunNotFound
 from tether.forks import ForkMixin
 from tether.outbox import OutboxMixin, Sender
@@ -94,7 +95,7 @@ class _StepDecorator:
         return self._register(fn)
 
 
-class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
+class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin, VersionsMixin):
     """A Tether application on one database: `App()` uses ./tether.db or $TETHER_DATABASE_URL."""
 
     def __init__(
@@ -112,6 +113,7 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         telemetry: bool | None = None,
         senders: Mapping[str, Sender] | None = None,
         retention: Retention | None = None,
+        version: str | None = None,
     ) -> None:
         if lease_duration <= timedelta(0) or concurrency < 1 or max_executions < 1:
             raise ConfigurationError(
@@ -124,6 +126,7 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
             concurrency=concurrency,
             max_executions=max_executions,
             force_replay=_env_flag("TETHER_FORCE_REPLAY") if force_replay is None else force_replay,
+            version=None if version is None else check_version(version),
         )
         self.engine = Engine(
             store=store if store is not None else store_from_url(self.url),
@@ -353,29 +356,68 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin):
         if self.engine.worker is not None:
             self.engine.worker.cancel(run_id)
 
+    @overload
     async def start(
-        self,
-        workflow: Workflow[..., R] | str,
-        *args: Any,
-        id: str | None = None,
-        priority: int = 0,
-        dedup_key: str | None = None,
-        started_by: str | None = None,
-        **kwargs: Any,
-    ) -> RunHandle[R]:
+        self, workflow: Workflow[P, R], /, *args: P.args, **kwargs: P.kwargs
+    ) -> RunHandle[R]: ...
+    # Start options cannot sit between P.args and P.kwargs (PEP 612): a call that passes one
+    # is checked for its result type and options, not for the workflow's arguments.
+    # fmt: off
+    @overload
+    async def start(self, workflow: Workflow[..., R], /, *args: Any, id: str | None,
+                    priority: int = 0, dedup_key: str | None = None,
+                    started_by: str | None = None, **kwargs: Any) -> RunHandle[R]: ...
+    @overload
+    async def start(self, workflow: Workflow[..., R], /, *args: Any, priority: int,
+                    dedup_key: str | None = None, started_by: str | None = None,
+                    **kwargs: Any) -> RunHandle[R]: ...
+    @overload
+    async def start(self, workflow: Workflow[..., R], /, *args: Any, dedup_key: str | None,
+                    started_by: str | None = None, **kwargs: Any) -> RunHandle[R]: ...
+    @overload
+    async def start(self, workflow: Workflow[..., R], /, *args: Any, started_by: str | None,
+                    **kwargs: Any) -> RunHandle[R]: ...
+    @overload
+    async def start(self, workflow: str | Named, /, *args: Any, id: str | None = None,
+                    priority: int = 0, dedup_key: str | None = None,
+                    started_by: str | None = None, **kwargs: Any) -> RunHandle[Any]: ...
+    # fmt: on
+
+    # Options typed Any: the first overload's workflow arguments may use these names.
+    async def start(self, workflow: Workflow[..., Any] | Named | str, /, *args: Any,
+                    id: Any = None, priority: Any = 0, dedup_key: Any = None,
+                    started_by: Any = None, **kwargs: Any) -> RunHandle[Any]:  # fmt: skip
         """Start a run; `id` is its idempotency key: the same id returns the same run. A higher
         `priority` is claimed sooner; `dedup_key` admits one unfinished run per key in the
         workflow's queue (DuplicateRun otherwise). `started_by` names who asked for the run:
-        approvals with `separate_duties=True` refuse that person as a reviewer."""
-        wf = self._workflow(workflow)
+        approvals with `separate_duties=True` refuse that person as a reviewer.
+
+        A registered workflow's arguments are checked against its signature and type hints
+        before anything is written (ConfigurationError). A name this App does not register
+        (or a `Named`, which also gives its queue) starts a run for a worker that has the
+        code: the arguments are stored as given, and arguments that do not fit make the run
+        dead at once, with the reason as its error."""
+        wf = self._to_start(workflow)
         check_run_id(id)
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise ConfigurationError(f"priority must be an int, not {priority!r}")
+        for label, given in (("dedup_key", dedup_key), ("started_by", started_by)):
+            if given is not None and not isinstance(given, str):
+                raise ConfigurationError(f"{label} must be a str or None, not {given!r}")
         run_id = id or new_run_id(self.engine)
         await self.open()
         await create_run(self.engine, wf, args, kwargs, run_id, priority=priority,
                          dedup_key=dedup_key, started_by=started_by)  # fmt: skip
         return self._handle(run_id)
+
+    def _to_start(self, workflow: Workflow[..., Any] | Named | str) -> Workflow[..., Any] | Named:
+        """What a start names: a registered workflow (by object or name), else a Named."""
+        if isinstance(workflow, Named):
+            found = self.engine.workflows.get(workflow.name)
+            return workflow if found is None else found
+        if isinstance(workflow, str) and workflow not in self.engine.workflows:
+            return Named(workflow)
+        return self._workflow(workflow)
 
     async def send(self, run_id: str, key: str, payload: object = None) -> None:
         """Deliver an event to the run's mailbox; `tether.wait_for_event(key)` takes it (an

@@ -13,7 +13,8 @@ is the default message, and every message says what was wrong and what to do nex
     ├── ApprovalNotFound            no approval with that id
     ├── ApprovalRefused             a decision that may not be taken (reason says why); audited
     ├── SerializationError          a value cannot be encoded or decoded as JSON
-    │   └── PayloadTooLarge         an encoded value is over the configured limit
+    │   ├── PayloadTooLarge         an encoded value is over the configured limit
+    │   └── ArgumentsRefused        a run's stored arguments do not fit its workflow: dead at once
     ├── NonDeterminismError         replay asked for another sequence than the recorded history
     ├── StepTimeout                 a step attempt ran past its timeout
     ├── WorkflowTimeout             a run went past its workflow's timeout
@@ -87,6 +88,11 @@ class ApprovalRefused(TetherError):
 
 class SerializationError(TetherError):
     """A value cannot be stored as JSON; return dataclasses, pydantic models or JSON types."""
+
+
+class ArgumentsRefused(SerializationError):
+    """Stored arguments that the workflow's signature or type hints refuse. No execution of the
+    same code can take them, so the run is dead at once rather than tried again."""
 
 
 class PayloadTooLarge(SerializationError):

@@ -90,7 +90,8 @@ async def api(tmp_path: Path) -> AsyncIterator[Api]:
 
 async def test_every_api_route_needs_a_valid_token(api: Api) -> None:
     await api.app.start("release", "1", id="r1")
-    routes = [("GET", "/api/runs"), ("GET", "/api/runs/r1"), ("POST", "/api/runs/r1/cancel"),
+    routes = [("GET", "/api/runs"), ("POST", "/api/runs"), ("GET", "/api/runs/r1"),
+              ("POST", "/api/runs/r1/cancel"),
               ("POST", "/api/runs/r1/events/go"), ("GET", "/api/approvals"),
               ("GET", "/api/approvals/x"), ("POST", "/api/approvals/x/decision")]  # fmt: skip
     for headers in ({}, {"Authorization": "Bearer tt_wrong"}, {"Authorization": "Basic abc"}):
@@ -266,11 +267,11 @@ async def test_a_stream_is_served_as_sse_and_resumes_from_an_offset_or_the_last_
 async def test_the_openapi_document_lists_every_status_of_every_operation(api: Api) -> None:
     document = (await api.client.get("/openapi.json")).json()
     operations = [op for path in document["paths"].values() for op in path.values()]
-    assert len(operations) == 11
+    assert len(operations) == 12
     for operation in operations:
         codes = set(operation["responses"])
         assert {"400", "401", "403", "404", "409", "413", "422"} <= codes, operation["summary"]
-    for body in ("DecisionIn", "ForkIn"):
+    for body in ("DecisionIn", "ForkIn", "StartIn"):
         assert document["components"]["schemas"][body]["additionalProperties"] is False
 
 
@@ -314,3 +315,66 @@ async def test_values_are_served_redacted_and_a_fork_needs_group_admin(api: Api)
     refused = await api.client.post("/api/runs/p/fork", json=missing, headers=root)
     assert refused.status_code == 409
     assert "count#3" in refused.json()["detail"]  # it names the steps the run recorded
+
+
+async def test_a_starter_starts_a_run_by_name_once_per_id_and_a_conflict_is_refused(
+    api: Api,
+) -> None:
+    _, token = await add_user(api.app.engine, "svc", frozenset({"starter"}))
+    svc = {"Authorization": f"Bearer {token}"}
+    body = {"workflow": "progress", "args": [2], "id": "s-1"}
+    created = await api.client.post("/api/runs", json=body, headers=svc)
+    assert created.status_code == 201
+    assert (created.json()["id"], created.json()["workflow"]) == ("s-1", "progress")
+    assert await (await api.app.get("s-1")).result(timeout=10) == 2
+    record = await api.app.engine.store.get_run("s-1")
+    assert record is not None
+    assert record.started_by == "svc"  # the token's user, always
+    again = await api.client.post("/api/runs", json=body, headers=svc)
+    assert again.status_code == 200
+    assert (again.json()["id"], again.json()["status"]) == ("s-1", "succeeded")
+    for other in ({**body, "args": [3]}, {**body, "workflow": "talk", "args": [["a"]]}):
+        conflict = await api.client.post("/api/runs", json=other, headers=svc)
+        assert conflict.status_code == 409
+        assert "exists with another workflow or other arguments" in conflict.json()["detail"]
+        assert "[2]" not in conflict.json()["detail"]  # the other run's arguments stay hidden
+    # A workflow this server does not register: stored for a worker that has it.
+    remote = {"workflow": "elsewhere", "kwargs": {"x": 1}, "queue": "batch"}
+    pending = await api.client.post("/api/runs", json=remote, headers=svc)
+    assert pending.status_code == 201
+    assert pending.json()["status"] == "pending"
+    assert (await api.app.engine.store.get_run(pending.json()["id"])).queue == "batch"  # type: ignore[union-attr]
+
+
+async def test_only_admin_and_starter_start_runs_and_bad_arguments_are_refused_unwritten(
+    api: Api,
+) -> None:
+    body = {"workflow": "progress", "args": [1], "id": "s-2"}
+    assert (await api.client.post("/api/runs", json=body)).status_code == 401
+    for reviewer in ("alice", "eve"):
+        refused = await api.client.post("/api/runs", json=body, headers=api.as_(reviewer))
+        assert refused.status_code == 403
+    root = api.as_("root")
+    for bad in ({**body, "args": ["one"]}, {**body, "args": [1, 2]},
+                {**body, "kwargs": {"started_by": "alice"}},
+                {**body, "kwargs": {"id": "other"}}, {**body, "colour": 1},
+                {**body, "workflow": ""}, {**body, "args": {"n": 1}}):  # fmt: skip
+        response = await api.client.post("/api/runs", json=bad, headers=root)
+        assert response.status_code == 422, bad
+    assert await api.app.engine.store.get_run("s-2") is None  # nothing was written
+    assert (await api.client.post("/api/runs", json=body, headers=root)).status_code == 201
+
+
+async def test_the_openapi_document_declares_the_bearer_scheme_and_the_run_model(
+    api: Api,
+) -> None:
+    document = (await api.client.get("/openapi.json")).json()
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["bearer"]["type"] == "http"
+    assert schemes["bearer"]["scheme"] == "bearer"
+    start = document["paths"]["/api/runs"]["post"]
+    assert start["security"] == [{"bearer": []}]
+    for code in ("200", "201"):
+        schema = start["responses"][code]["content"]["application/json"]["schema"]
+        assert schema == {"$ref": "#/components/schemas/RunOut"}
+    assert "status" in document["components"]["schemas"]["RunOut"]["required"]

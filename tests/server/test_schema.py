@@ -17,6 +17,7 @@ import pytest
 import schemathesis
 import uvicorn
 from hypothesis import HealthCheck, given, settings
+from schemathesis.checks import ignored_auth
 
 import tether
 from tether.server import create_server
@@ -80,7 +81,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield running
 
 
-OPERATIONS = 11  # the document's operations: a new route must be added to the fuzzing too
+OPERATIONS = 12  # the document's operations: a new route must be added to the fuzzing too
 
 
 def test_the_api_honours_its_openapi_document(served: Served) -> None:
@@ -104,6 +105,9 @@ def test_the_api_honours_its_openapi_document(served: Served) -> None:
                 case.query["follow"] = "false"  # a followed stream lasts as long as its run
             if case.query is not None and "wait" in case.query:
                 case.query["wait"] = 0  # a wait for a value lasts up to a minute
-            case.call_and_validate(headers=headers)
+            # The document declares the bearer scheme, so schemathesis also sends bad tokens;
+            # after ten the throttle answers 429, not the 401 it expects. test_api checks that
+            # every route refuses a missing or bad token.
+            case.call_and_validate(headers=headers, excluded_checks=[ignored_auth])
 
         check()

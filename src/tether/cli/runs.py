@@ -1,5 +1,6 @@
-"""`tether runs list | show | cancel | resume | fork`: look at runs, their steps, values and fork
-links, cancel them, resume failed or dead ones, and fork one from a step.
+"""`tether runs start | list | show | cancel | resume | fork`: start a run by workflow name, look
+at runs, their steps, values and fork links, cancel them, resume failed or dead ones, and fork
+one from a step.
 
 Parses arguments, calls App and RunHandle, and renders what they return as tables or JSON. It
 must not hold engine logic or talk SQL: what it needs beyond printing belongs in the library.
@@ -27,6 +28,8 @@ from tether.cli.common import (
     status_text,
 )
 from tether.core.handle import ForkInfo, RunInfo
+from tether.core.workflow import Named
+from tether.errors import RunCancelled, RunFailed
 from tether.redact import redact
 from tether.store.port import Checkpoint, RunStatus
 from tether.values import ValueInfo
@@ -55,6 +58,92 @@ def first_line(error: dict[str, Any] | None) -> str:
 def runs(ctx: click.Context, database: str, app_ref: str | None) -> None:
     """List, inspect, cancel, resume and fork runs."""
     ctx.obj = {"database": database, "app": app_ref}
+
+
+def parse_input(text: str | None) -> tuple[list[Any], dict[str, Any]]:
+    """--input as (args, kwargs): a JSON array is the positional arguments, an object the
+    keyword arguments."""
+    if text is None:
+        return [], {}
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise click.BadParameter(f"not JSON ({exc})", param_hint="--input") from None
+    if isinstance(value, list):
+        return value, {}
+    if isinstance(value, dict):
+        return [], value
+    raise click.BadParameter(
+        "give a JSON array (positional arguments) or object (keyword arguments), "
+        f"not {type(value).__name__}", param_hint="--input",
+    )  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    info: RunInfo
+    result: object  # the result's JSON form (when waited for and it succeeded)
+    ended: RunFailed | RunCancelled | None
+
+
+@runs.command("start")
+@click.argument("workflow", metavar="NAME")
+@click.option("--input", "input_text", metavar="JSON", help="The arguments: a JSON array "
+              "(positional) or object (keyword); none if not given.")  # fmt: skip
+@click.option("--id", "run_id", metavar="ID", help="The run's id (its idempotency key: the "
+              "same id and arguments are the same run); a new one if not given.")  # fmt: skip
+@click.option("--queue", metavar="NAME", help="The workflow's queue, when --app is not given "
+              "(the workflow's own otherwise).")  # fmt: skip
+@click.option("--wait", is_flag=True, help="Wait for the run to end and print its result "
+              "(exit code 1 unless it succeeded).")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print the run as a JSON object.")
+@click.pass_context
+def runs_start(
+    ctx: click.Context, workflow: str, input_text: str | None, run_id: str | None,
+    queue: str | None, wait: bool, as_json: bool,
+) -> None:  # fmt: skip
+    """Start a run of the workflow NAME; a worker that has its code executes it.
+
+    Without --app nothing here needs the code: the arguments are stored as given, and a worker
+    whose workflow cannot take them makes the run dead at once, saying why. With --app they
+    are checked against the workflow's signature and type hints first.
+    """
+    args, kwargs = parse_input(input_text)
+    if kwargs.keys() & {"id", "priority", "dedup_key", "started_by"}:
+        raise click.BadParameter(
+            "id, priority, dedup_key and started_by are start options, not arguments a "
+            "workflow takes here", param_hint="--input",
+        )  # fmt: skip
+
+    async def work(app: App) -> Started:
+        target = Named(workflow, queue=queue) if queue else workflow
+        handle = await app.start(target, *args, id=run_id, **kwargs)
+        if not wait:
+            return Started(await handle.info(), None, None)
+        try:
+            result = await handle.result()
+        except (RunFailed, RunCancelled) as ended:
+            return Started(await handle.info(), None, ended)
+        encoded = json.loads(app.engine.serde.dumps(result, what="result"))
+        return Started(await handle.info(), encoded, None)
+
+    started = run_with_app(ctx, work)
+    info, result = started.info, redact(started.result)
+    if as_json:
+        doc = {**run_json(info), **({"result": result} if wait else {})}
+        click.echo(json.dumps(doc, indent=2))
+    elif not wait:
+        console().print(shown(f"run {info.id!r} of {info.workflow}: ") + status_text(info.status)
+                        + Text(" (a worker executes it)"))  # fmt: skip
+    else:
+        console().print(shown(f"run {info.id!r} of {info.workflow}: ")
+                        + status_text(info.status))  # fmt: skip
+        if started.ended is None:
+            console().print(Text("result", style="bold"), Pretty(result))
+        elif isinstance(error := redact(info.error), dict):
+            console().print(Text("error ", style="bold red") + shown(first_line(error)))
+    if started.ended is not None:
+        ctx.exit(1)
 
 
 @runs.command("list")

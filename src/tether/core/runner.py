@@ -5,9 +5,10 @@ stopping (shutdown, lost lease) and the deadline watchdog apart. The runner writ
 the Store port with its Lease; it never claims runs (the worker does).
 
 An execution that fails outside the workflow's own code (a checkpoint this code cannot decode,
-arguments that no longer fit, no code for the workflow, a corrupt row) is not the run's
-failure: the runner records it on the run (fail_execution), which is tried again after a
-backoff, and is dead once settings.max_executions such executions came in a row.
+no code for the workflow, a corrupt row) is not the run's failure: the runner records it on the
+run (fail_execution), which is tried again after a backoff, and is dead once
+settings.max_executions such executions came in a row. Arguments the workflow's signature or
+hints refuse (a run started by name, or under other code) make it dead at once.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from tether.core.positions import _FRAME, install, internal
 from tether.core.signals import Abandon, ReplayNow, Signal, Suspend
 from tether.core.workflow import Workflow
 from tether.errors import (
+    ArgumentsRefused,
     ConfigurationError,
     LeaseLost,
     NonDeterminismError,
@@ -268,11 +270,13 @@ class Runner:
         serde = self.engine.serde
         try:
             args, kwargs = workflow.decode_args(serde, self.record.args)
-        except Exception as exc:  # stored under other code, or changed in the database
-            raise Abandon(SerializationError(
+        except Exception as exc:  # started by name, under other code, or changed in the database
+            refused = ArgumentsRefused if isinstance(exc, ArgumentsRefused) else SerializationError
+            raise Abandon(refused(
                 f"the stored arguments of run {self.record.id!r} do not fit workflow "
-                f"{workflow.name}{workflow.signature} ({type(exc).__name__}: {exc}); deploy "
-                f"code that takes them, then `tether runs resume {self.record.id}`"
+                f"{workflow.name}{workflow.signature} ({exc}); start a run with arguments "
+                f"that fit, or deploy code that takes them, then `tether runs resume "
+                f"{self.record.id}`"
             )) from None  # fmt: skip
         result = await workflow.fn(*args, **kwargs)
         missing = ctx.unreplayed()
@@ -289,7 +293,10 @@ class Runner:
         error = json.dumps(encode_error(exc))
         now = engine.clock.now()
         retry_at: float | None = None
-        if failures < settings.max_executions:
+        if isinstance(exc, ArgumentsRefused):
+            # Every execution of this code would refuse them the same way: dead at once.
+            log.error("run %r is dead: %s", self.record.id, exc)
+        elif failures < settings.max_executions:
             delay = settings.failure_backoff * 2 ** min(failures - 1, 32)
             retry_at = now + min(delay, settings.max_failure_backoff)
             log.error("run %r: execution %d of at most %d in a row failed outside the "

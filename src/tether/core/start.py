@@ -17,7 +17,7 @@ from tether.core.context import current_run
 from tether.core.engine import Engine
 from tether.core.execution import RunContext, arguments
 from tether.core.waits import ChildWait, join
-from tether.core.workflow import Workflow
+from tether.core.workflow import Named, Workflow
 from tether.errors import ConfigurationError, IdempotencyConflict
 from tether.store.port import CheckpointStatus, NewRun, RunRecord
 
@@ -36,7 +36,7 @@ def check_run_id(run_id: str | None) -> None:
 
 async def create_run(
     engine: Engine,
-    wf: Workflow[..., Any],
+    wf: Workflow[..., Any] | Named,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
     run_id: str,
@@ -48,12 +48,13 @@ async def create_run(
 ) -> RunRecord:
     """Create the run (or find the existing one with this id) and hand a new one to this
     process's worker, if it runs and has room. Runs of a queue are left to the claim, which
-    keeps the queue's limits."""
+    keeps the queue's limits, and runs of a workflow known by name only (Named) to a worker
+    that has its code."""
     text = wf.encode_args(engine.serde, args, kwargs)
     now = engine.clock.now()
     deadline = None if wf.timeout is None else now + wf.timeout.total_seconds()
     worker = engine.worker
-    if worker is None or not worker.has_capacity() or wf.queue is not None:
+    if worker is None or not worker.has_capacity() or wf.queue is not None or isinstance(wf, Named):
         worker = None
     record, created = await engine.store.create_run(
         NewRun(run_id, wf.name, text, deadline, parent_id=parent_id, queue=wf.queue,
@@ -135,7 +136,9 @@ async def call_child(wf: Workflow[..., R], args: tuple[Any, ...], kwargs: dict[s
     return await handle.result()
 
 
-def check_same_run(engine: Engine, record: RunRecord, wf: Workflow[..., Any], text: str) -> None:
+def check_same_run(
+    engine: Engine, record: RunRecord, wf: Workflow[..., Any] | Named, text: str
+) -> None:
     """A start found run `record` under its id: it must be of the same workflow with the same
     arguments (JSON `text`), else IdempotencyConflict."""
     same = record.workflow == wf.name and (

@@ -1,7 +1,8 @@
-"""A registered workflow: the decorated async function, its name, its hints and its timeout.
+"""A registered workflow: the decorated async function, its name, its hints and its timeout; and
+a workflow known by name only (Named), for a process that starts runs without the code.
 
-Turns call arguments into the stored JSON and back (by the function's type hints). It does not
-execute runs: the runner does.
+Turns call arguments into the stored JSON and back (by the function's type hints), and refuses
+at start what the worker could not take back. It does not execute runs: the runner does.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any, Generic, ParamSpec, TypeVar
 
-from tether.errors import ConfigurationError, SerializationError
+from tether.errors import ArgumentsRefused, ConfigurationError, SerializationError
 from tether.serde import Serde
 
 P = ParamSpec("P")
@@ -24,6 +25,28 @@ def type_hints(fn: Callable[..., object]) -> dict[str, object]:
         return typing.get_type_hints(fn)
     except Exception:  # unresolvable forward references: fall back to untyped JSON
         return {}
+
+
+class Named:
+    """A workflow this process knows by name only (it lacks the code): its runs' arguments are
+    stored as given, and the worker that has the code checks them when it decodes them."""
+
+    def __init__(
+        self, name: str, *, queue: str | None = None, timeout: timedelta | None = None
+    ) -> None:
+        if not isinstance(name, str) or not name or len(name) > 200:
+            raise ConfigurationError(f"a workflow name is a non-empty str, not {name!r}")
+        if queue is not None and (not isinstance(queue, str) or not queue or len(queue) > 128):
+            raise ConfigurationError(f"a queue name must be a non-empty str, not {queue!r}")
+        self.name = name
+        self.queue = queue
+        self.timeout = timeout
+
+    def __repr__(self) -> str:
+        return f"<tether workflow {self.name!r} (by name)>"
+
+    def encode_args(self, serde: Serde, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        return serde.dumps({"args": list(args), "kwargs": kwargs}, what=f"arguments of {self.name}")
 
 
 class Workflow(Generic[P, R]):
@@ -82,19 +105,46 @@ class Workflow(Generic[P, R]):
             raise ConfigurationError(
                 f"arguments do not fit workflow {self.name}{self.signature}: {exc}"
             ) from None
-        return serde.dumps({"args": list(args), "kwargs": kwargs}, what=f"arguments of {self.name}")
+        text = serde.dumps({"args": list(args), "kwargs": kwargs},
+                           what=f"arguments of {self.name}")  # fmt: skip
+        if self.param_hints:
+            # What the worker will do with them, done here: a value its hints refuse is an
+            # error for the caller now, not a dead run later.
+            try:
+                self.decode_args(serde, text)
+            except ArgumentsRefused as exc:
+                raise ConfigurationError(
+                    f"arguments do not fit workflow {self.name}{self.signature}: {exc}"
+                ) from None
+        return text
 
     def decode_args(self, serde: Serde, text: str) -> tuple[list[Any], dict[str, Any]]:
-        raw = serde.loads(text, what=f"arguments of {self.name}")
-        if not isinstance(raw, dict) or not isinstance(raw.get("args"), list):
-            raise SerializationError(f"stored arguments of {self.name} are malformed: {text[:200]}")
-        bound = self.signature.bind(*raw["args"], **raw.get("kwargs", {}))
+        """The stored arguments, rebuilt by the hints; ArgumentsRefused if they do not fit."""
+        try:
+            raw = serde.loads(text, what=f"arguments of {self.name}")
+        except SerializationError as exc:
+            raise ArgumentsRefused(str(exc)) from None
+        if (not isinstance(raw, dict) or not isinstance(raw.get("args"), list)
+                or not isinstance(raw.get("kwargs", {}), dict)):  # fmt: skip
+            raise ArgumentsRefused(f"stored arguments of {self.name} are malformed: {text[:200]}")
+        try:
+            bound = self.signature.bind(*raw["args"], **raw.get("kwargs", {}))
+        except TypeError as exc:
+            raise ArgumentsRefused(f"{exc} (given {_shape(raw)})") from None
         for key, value in list(bound.arguments.items()):
             hint = self.param_hints.get(key)
             param = self.signature.parameters[key]
             if hint is None or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 continue
-            bound.arguments[key] = serde.convert(
-                value, hint, what=f"argument {key!r} of {self.name}"
-            )
+            try:
+                bound.arguments[key] = serde.convert(
+                    value, hint, what=f"argument {key!r} of {self.name}"
+                )
+            except SerializationError as exc:
+                raise ArgumentsRefused(str(exc)) from None
         return list(bound.args), dict(bound.kwargs)
+
+
+def _shape(raw: dict[str, Any]) -> str:
+    keys = sorted(str(k) for k in raw.get("kwargs", {}))
+    return f"{len(raw['args'])} positional, keywords {keys}"

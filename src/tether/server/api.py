@@ -4,8 +4,9 @@ and decisions.
 Every route needs a bearer token; the token's owner is the actor. Object-level authorization:
 a user sees an approval they may decide and the runs those approvals belong to (404 for the
 rest, so ids of others' objects leak nothing); group `admin` sees everything and alone may
-cancel runs, send events and fork runs. Routes validate and translate; the library does the
-work.
+cancel runs, send events and fork runs; groups `admin` and `starter` may start runs (by
+workflow name: the server needs no code of it). Routes validate and translate; the library
+does the work.
 """
 
 import json
@@ -13,15 +14,18 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.app import App
 from tether.approvals.model import Approval
 from tether.core.values import check_value_key
+from tether.core.workflow import Named
 from tether.errors import (
     ApprovalNotFound,
     ApprovalRefused,
     ConfigurationError,
+    DuplicateRun,
     EventRefused,
     IdempotencyConflict,
     RunNotFound,
@@ -51,6 +55,14 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 _REFUSED_STATUS = {"wrong_reviewer": 403, "separate_duties": 403, "unknown_option": 422,
                    "invalid_response": 422}  # fmt: skip
 
+STARTERS = frozenset({"admin", "starter"})  # the groups that may start runs
+# Keywords App.start takes as its own options: as a workflow's keyword arguments from a body
+# they would set the options instead (started_by: someone else as the starter).
+START_OPTIONS = frozenset({"id", "priority", "dedup_key", "started_by"})
+# Declares the bearer token in the document (securitySchemes); Auth checks it (current_user).
+BEARER = HTTPBearer(auto_error=False, scheme_name="bearer",
+                    description="A token from `tether users add` (tt_...)")  # fmt: skip
+
 RunId = Annotated[str, Path(min_length=1, max_length=512)]
 ApprovalId = Annotated[str, Path(min_length=1, max_length=100)]
 
@@ -67,6 +79,39 @@ class ForkIn(BaseModel):
 
     from_step: str = Field(min_length=1, max_length=512)
     id: str | None = Field(default=None, min_length=1, max_length=512)
+
+
+class StartIn(BaseModel):
+    """A run to start: the workflow by name, its arguments as JSON, and its id (the
+    idempotency key: the same id with the same workflow and arguments is the same run)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    workflow: str = Field(min_length=1, max_length=200)
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    id: str | None = Field(default=None, min_length=1, max_length=512)
+    queue: str | None = Field(default=None, min_length=1, max_length=128,
+                              description="The workflow's queue, when this server does not "
+                                          "register the workflow")  # fmt: skip
+
+
+class RunOut(BaseModel):
+    """A run as the API shows it (errors redacted)."""
+
+    id: str
+    workflow: str
+    status: RunStatus
+    attempt: int
+    failures: int
+    owner: str | None
+    created_at: str | None
+    updated_at: str | None
+    finished_at: str | None
+    error_type: str | None
+    error_message: str | None
+    forked_from: dict[str, Any] | None
+    diverged_at: Any = None
 
 
 class DecisionIn(BaseModel):
@@ -138,6 +183,7 @@ def build_router(app: App) -> APIRouter:
 
 
 def _run_routes(router: APIRouter, app: App, access: Access) -> None:
+    _start_route(router, app)
 
     @router.get("/runs", summary="List runs, newest first")
     async def list_runs(
@@ -189,6 +235,52 @@ def _run_routes(router: APIRouter, app: App, access: Access) -> None:
         except EventRefused as exc:
             raise HTTPException(409, str(exc)) from None
         return {"run_id": run_id, "key": key, "status": "delivered"}
+
+
+def _start_route(router: APIRouter, app: App) -> None:
+    @router.post(
+        "/runs",
+        summary="Start a run of a workflow by name (groups admin and starter)",
+        status_code=201,
+        response_model=RunOut,
+        dependencies=[Depends(BEARER)],
+        responses={200: {"model": RunOut, "description": "The run with this id, started before "
+                                                         "with the same workflow and arguments"},
+                   201: {"description": "The new run"},
+                   409: {"model": Problem, "description": "The id is taken by a run of another "
+                                                          "workflow or with other arguments"}},
+    )  # fmt: skip
+    async def start_run(body: StartIn, user: CurrentUser) -> JSONResponse:
+        if not STARTERS & user.groups:
+            raise HTTPException(403, "only groups admin and starter may start runs")
+        options = sorted(START_OPTIONS & body.kwargs.keys())
+        if options:
+            raise HTTPException(422, f"kwargs {options} are names of start options, which the "
+                                     f"body does not set through kwargs; rename the workflow's "
+                                     f"parameters")  # fmt: skip
+        target = Named(body.workflow, queue=body.queue) if body.queue else body.workflow
+        existed = False
+        if body.id is not None:
+            try:
+                await app.get(body.id)
+                existed = True
+            except RunNotFound:
+                pass
+        try:
+            handle = await app.start(target, *body.args, id=body.id, started_by=user.name,
+                                     **body.kwargs)  # fmt: skip
+        except IdempotencyConflict:
+            # Not the library's message: it shows the other run's arguments, which need not
+            # be this user's to see.
+            raise HTTPException(409, f"run {body.id!r} exists with another workflow or other "
+                                     f"arguments; start with a new id") from None  # fmt: skip
+        except DuplicateRun as exc:
+            raise HTTPException(409, str(exc)) from None
+        except (ConfigurationError, SerializationError) as exc:
+            raise HTTPException(422, str(exc)) from None
+        # Two requests with one new id may both answer 201: it is the same run either way.
+        status = 200 if existed else 201
+        return JSONResponse(run_json(await handle.info()), status_code=status)
 
 
 def _value_routes(router: APIRouter, app: App, access: Access) -> None:
