@@ -50,11 +50,13 @@ async def test_a_claim_without_a_version_takes_any_run_and_pins_none(store: Stor
     assert [(await get(store, r)).version for r in ("r1", "r2", "r3")] == ["v1", "v1", None]
 
 
-async def test_a_run_created_claimed_is_pinned_to_its_owners_registered_version(
+async def test_a_run_created_claimed_is_pinned_to_the_version_its_owner_declares(
     store: Store,
 ) -> None:
     await store.register_worker(WorkerInfo("w1", "h", 1, "a", version="v7"), NOW)
-    created, _ = await store.create_run(new("r1"), NOW, owner="w1", lease_until=NOW + LEASE)
+    created, _ = await store.create_run(
+        new("r1"), NOW, owner="w1", lease_until=NOW + LEASE, version="v7"
+    )
     assert created.version == "v7"
     assert (await get(store, "r1")).version == "v7"
     [worker] = await store.list_workers()

@@ -61,6 +61,7 @@ async def create_run(
                priority=priority, dedup_key=dedup_key, started_by=started_by), now,
         owner=worker.id if worker else None,
         lease_until=now + engine.settings.lease_duration if worker else None,
+        version=worker.version if worker else None,
     )  # fmt: skip
     if not created:
         check_same_run(engine, record, wf, text)

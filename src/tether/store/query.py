@@ -4,7 +4,8 @@ An operation (`store/ops/`, `integrations/langgraph/ops.py`) is a generator: it 
 values and is sent their results, so one implementation of each operation serves SQLite and
 PostgreSQL, sync and async callers. A driver only executes what it is given: `drive` and
 `adrive` feed an operation its results. The SQL lives in `sql/<dialect>/`, one named query per
-statement. This module knows no database driver and nothing of runs.
+statement; `check_schema` judges a database's applied migrations against the code's. This
+module knows no database driver and nothing of runs.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar
+
+from tether.errors import ConfigurationError
 
 T = TypeVar("T")
 Q = TypeVar("Q")
@@ -185,3 +188,22 @@ class Queries:
                 text = text.replace("{where}", "1 = 1")
             self._composed[key] = text
         return text
+
+
+def check_schema(done: set[int], known: set[int], where: str, *, migrate: bool) -> None:
+    """Refuse a schema this code cannot use: versions it does not know (a newer Tether made
+    them), or, when not migrating, versions it needs that were never applied."""
+    newer = sorted(done - known)
+    if newer:
+        raise ConfigurationError(
+            f"the database {where} has schema migrations {newer} that this Tether does not "
+            f"know (it knows up to {max(known)}): a newer Tether migrated it; upgrade Tether "
+            f"in this process to the version the others run"
+        )
+    missing = sorted(known - done)
+    if missing and not migrate:
+        raise ConfigurationError(
+            f"the database {where} lacks schema migrations {missing} of this Tether, and the "
+            f"URL says migrate=false: run `tether migrate -d URL` (with a role that may change "
+            f"the schema), then start again"
+        )

@@ -149,9 +149,13 @@ class SqlStore:
         *,
         owner: str | None = None,
         lease_until: float | None = None,
+        version: str | None = None,
     ) -> tuple[RunRecord, bool]:
-        return await self.driver.write(lambda: runs.create_run(run, now, owner, lease_until),
-                                       label=f"create_run:{run.id}", multi=False)  # fmt: skip
+        return await self.driver.write(
+            lambda: runs.create_run(run, now, owner, lease_until, version),
+            label=f"create_run:{run.id}",
+            multi=False,
+        )
 
     async def get_run(self, run_id: str) -> RunRecord | None:
         return await self.driver.read(lambda: runs.get_run(run_id))

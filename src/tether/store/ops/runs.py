@@ -52,12 +52,12 @@ def new_run_params(
 
 
 def create_run(
-    run: NewRun, now: float, owner: str | None, lease_until: float | None
+    run: NewRun,
+    now: float,
+    owner: str | None,
+    lease_until: float | None,
+    version: str | None = None,
 ) -> Op[tuple[RunRecord, bool]]:
-    version = None
-    if owner is not None:  # claimed at its creation: pinned to the claiming worker's version
-        row = yield from one("worker_version", id=owner)
-        version = None if row is None else row[0]
     args = new_run_params(run, now, owner, lease_until, version)
     if (yield Query("insert_run", args)) != 1:
         row = yield from one("get_run", id=run.id)
@@ -74,7 +74,7 @@ def create_run(
         wake_at=args["wake_at"], deadline_at=run.deadline_at,
         created_at=now, updated_at=now, parent_id=run.parent_id, queue=run.queue,
         priority=run.priority, dedup_key=run.dedup_key, started_at=now if owner else None,
-        started_by=run.started_by, version=version,
+        started_by=run.started_by, version=args["version"],
     )  # fmt: skip
     return created, True
 

@@ -228,9 +228,11 @@ class CorePort(Protocol):
         *,
         owner: str | None = None,
         lease_until: float | None = None,
+        version: str | None = None,
     ) -> tuple[RunRecord, bool]:
         """Insert the run unless its id exists. Returns (the stored run, whether it was created).
-        With owner, a new run is created already claimed by that worker (epoch 1); without,
+        With owner, a new run is created already claimed by that worker (epoch 1) and pinned to
+        `version`, the one the owner declares (as claim_runs pins a run it claims); without,
         and with run.wake_at, it is created waiting until then. Raises
         DuplicateRun if an unfinished run of the same queue has the same dedup key."""
 

@@ -21,14 +21,14 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tether import faults
-from tether.errors import ConfigurationError, StoreUnavailable
+from tether.errors import StoreUnavailable
 from tether.redact import redact_text
 from tether.store.drivers.postgres import maintenance
 from tether.store.drivers.postgres.body import BodyFailed, call_body
 from tether.store.drivers.postgres.options import postgres_options
 from tether.store.port.maintenance import StorageSizes, WalState
 from tether.store.port.outbox import TransactionBody, TransactionOutcome
-from tether.store.query import Conflict, Op, Queries, Query, adrive
+from tether.store.query import Conflict, Op, Queries, Query, adrive, check_schema
 from tether.store.tables import RUN_TABLES
 
 T = TypeVar("T")
@@ -66,25 +66,6 @@ _ALONE = object()  # in a lockstep round: a statement not sent in the pipeline
 
 class _Undo(Exception):
     """An operation alone in its transaction failed: leave the transaction (rolled back)."""
-
-
-def check_schema(done: set[int], known: set[int], where: str, *, migrate: bool) -> None:
-    """Refuse a schema this code cannot use: versions it does not know (a newer Tether made
-    them), or, when not migrating, versions it needs that were never applied."""
-    newer = sorted(done - known)
-    if newer:
-        raise ConfigurationError(
-            f"the database {where} has schema migrations {newer} that this Tether does not "
-            f"know (it knows up to {max(known)}): a newer Tether migrated it; upgrade Tether "
-            f"in this process to the version the others run"
-        )
-    missing = sorted(known - done)
-    if missing and not migrate:
-        raise ConfigurationError(
-            f"the database {where} lacks schema migrations {missing} of this Tether, and the "
-            f"URL says migrate=false: run `tether migrate -d URL` (with a role that may change "
-            f"the schema), then start again"
-        )
 
 
 class PostgresDriver:

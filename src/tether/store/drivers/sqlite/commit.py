@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from tether import faults
 from tether.errors import ConfigurationError, StoreUnavailable
+from tether.store.query import check_schema
 
 T = TypeVar("T")
 log = logging.getLogger("tether.store")
@@ -76,25 +77,6 @@ def sqlite_migrates(url: str) -> bool:
     if value not in ("true", "false"):
         raise ConfigurationError(f"migrate={value!r} in {url!r}: use migrate=true or false")
     return value == "true"
-
-
-def check_schema(done: set[int], known: set[int], where: str, *, migrate: bool) -> None:
-    """Refuse a schema this code cannot use: versions it does not know (a newer Tether made
-    them), or, when not migrating, versions it needs that were never applied."""
-    newer = sorted(done - known)
-    if newer:
-        raise ConfigurationError(
-            f"the database {where} has schema migrations {newer} that this Tether does not "
-            f"know (it knows up to {max(known)}): a newer Tether migrated it; upgrade Tether "
-            f"in this process to the version the others run"
-        )
-    missing = sorted(known - done)
-    if missing and not migrate:
-        raise ConfigurationError(
-            f"the database {where} lacks schema migrations {missing} of this Tether, and the "
-            f"URL says migrate=false: run `tether migrate -d URL` (with a role that may change "
-            f"the schema), then start again"
-        )
 
 
 # Filesystem types whose files other machines may open too (/proc/mounts' third field).

@@ -221,9 +221,6 @@ RETURNING id;
 -- name: delete_worker
 DELETE FROM tether_workers WHERE id = :id;
 
--- name: worker_version
-SELECT version FROM tether_workers WHERE id = :id;
-
 -- name: move_version
 -- Pin an unfinished run to another version (NULL: unpinned, the next claim pins it).
 UPDATE tether_runs SET version = :version, updated_at = :now
