@@ -109,6 +109,11 @@ async def park(
         ctx.parks.discard(here)
         if not ctx.parks:
             engine.held_waits -= 1
+        else:
+            # Other tasks still wait: look again once this one has run on. It may next wait
+            # on something of its own (an asyncio.Queue another branch feeds), and nothing
+            # else would look then (a look that woke it to hand an outcome returned).
+            ctx.look()
         if here.timer is not None:
             here.timer.cancel()
         engine.drop_wake_future(ctx.run_id, future)
