@@ -751,6 +751,39 @@ async def test_many_runs_each_with_many_concurrent_waits(make_app: MakeApp, crow
     assert results == [sum(range(waits)) + r for r in range(runs)]
 
 
+async def test_news_claimed_while_the_suspending_execution_still_ends_runs_the_run(
+    make_app: MakeApp,
+) -> None:
+    # The run suspends, its event comes at once and this worker claims it again while the
+    # execution that suspended has not ended yet. That execution goes on no more: taking the
+    # claim over (as for a live one) left the run running here, executed by nobody, until
+    # its lease ran out (one run in five of the test above, on PostgreSQL).
+    app = make_app()
+    store = app.engine.store
+    suspend = store.suspend_run
+    suspended = 0
+
+    async def suspend_then_news(lease: Any, *args: Any) -> None:
+        nonlocal suspended
+        await suspend(lease, *args)
+        suspended += 1
+        if suspended == 1:
+            await app.send(lease.run_id, "e", 5)
+            await asyncio.sleep(0.3)  # the claim loop takes the run again meanwhile
+
+    store.suspend_run = suspend_then_news  # type: ignore[method-assign]
+
+    @app.workflow()
+    async def flow() -> int:
+        return int(await tether.wait_for_event("e")) + 1
+
+    async with app:
+        handle = await app.start(flow, id="n")
+        assert await result_of(handle, 5) == 6
+        await settled(app)
+    assert suspended >= 1
+
+
 # -- asyncio.sleep beside a durable wait (forbidden, but common) -------------------------------
 
 
@@ -1039,3 +1072,62 @@ async def test_a_queue_fed_by_a_waiting_branch_and_drained_by_a_stepping_branch(
         await settled(app)
     assert len(ran) == 3, ran
     assert all(n == 1 for n in ran.values()), ran
+
+
+async def test_a_branch_handed_its_step_outcome_then_waiting_on_a_queue_lets_the_run_suspend(
+    make_app: MakeApp,
+) -> None:
+    # The waiting branch's mailbox read ends in the same loop turn as the step's write (two
+    # I/Os ending together, as they now and then do on PostgreSQL): the step's outcome waits
+    # for its turn while that branch runs; once it parks on its event again, a look hands the
+    # outcome over. The stepping branch then waits on a plain asyncio.Queue and nothing else
+    # would look again: the run stayed in memory, running, for ever (the test above failed
+    # so 1 run in 8).
+    app = make_app()
+    store = app.engine.store
+    write, take = store.write_checkpoint, store.take_event
+    stepping = asyncio.Event()
+    written = asyncio.Event()
+
+    async def write_then_release(lease: Any, checkpoint: Any, now: float) -> None:
+        await write(lease, checkpoint, now)
+        if checkpoint.name.startswith("quick") and checkpoint.result is not None:
+            written.set()  # the read below ends now too
+
+    async def take_with_the_write(*args: Any) -> Any:
+        taken = await take(*args)
+        if stepping.is_set() and not written.is_set():
+            await written.wait()
+        return taken
+
+    store.write_checkpoint = write_then_release  # type: ignore[method-assign]
+    store.take_event = take_with_the_write  # type: ignore[method-assign]
+
+    @app.step()
+    async def quick() -> int:
+        stepping.set()
+        app.engine.wake("h")  # the waiting branch reads its mailbox again meanwhile
+        await asyncio.sleep(0.05)
+        return 1
+
+    @app.workflow()
+    async def flow() -> list[int]:
+        queue: asyncio.Queue[int] = asyncio.Queue()
+
+        async def feeder() -> None:
+            await queue.put(await tether.wait_for_event("item"))
+
+        async def taker() -> list[int]:
+            await asyncio.sleep(0.05)  # the feeder parks on its event first
+            first = await quick()
+            return [first, await queue.get()]
+
+        got = await asyncio.gather(feeder(), taker())
+        return list(got[1])
+
+    async with app:
+        handle = await app.start(flow, id="h")
+        await until_status(handle, RunStatus.WAITING)
+        await app.send("h", "item", 2)
+        assert await result_of(handle, 10) == [1, 2]
+        await settled(app)

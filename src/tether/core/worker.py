@@ -240,9 +240,12 @@ class Worker:
         # Our own live execution, claimed again with nobody else's claim in between (the epoch
         # is the next one): its history in memory is still the run's, so it goes on. After
         # another owner's epoch it may not be: a new execution replays, the old one is fenced.
+        # One giving the run back (it suspended, say, and news came at once) goes on no more:
+        # adopted, the claim would end with it and the run stay ours until the lease ran out.
         if (
             running is not None
             and not running.stopping
+            and not running.releasing
             and running.task
             and not running.task.done()
             and record.epoch == running.lease.epoch + 1
