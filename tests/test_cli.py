@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -667,3 +668,106 @@ def test_a_failed_run_is_resumed_from_the_command_line(tmp_path: Path) -> None:
     again = invoke("runs", "--database", url, "resume", "r1")
     assert again.exit_code == 1
     assert "only a failed, dead or held run can be resumed" in again.output
+
+
+def test_serve_without_the_server_extra_says_which_extra_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "plainapp.py").write_text(
+        f"import tether\napp = tether.App('sqlite:///{tmp_path}/t.db')\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    for name in ("uvicorn", "fastapi", "starlette"):  # as if the [server] extra were missing
+        monkeypatch.setitem(sys.modules, name, None)  # type: ignore[arg-type]
+    result = CliRunner().invoke(cli, ["serve", "plainapp:app"], env=ENV)
+    assert result.exit_code == 1, result.output
+    assert re.search(
+        r"`tether serve` needs the 'server' extra \((uvicorn|fastapi|starlette)\S* is "
+        r"not installed\): ",
+        result.output,
+    ), result.output
+    assert "pip install 'tether[server]'" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_missing_module_that_is_no_extra_of_tethers_is_not_blamed_on_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "brokenapp.py").write_text("import no_such_module_anywhere\n")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(cli, ["worker", "brokenapp:app"], env=ENV)
+    assert isinstance(result.exception, ModuleNotFoundError), result.output
+    assert "extra" not in result.output
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        ["-d", "{db}", "runs", "list", "--json"],  # at the top
+        ["runs", "-d", "{db}", "list", "--json"],  # after the group
+        ["runs", "list", "--json", "-d", "{db}"],  # after the subcommand
+        ["runs", "list", "--json", "--database", "{db}"],
+        ["--database", "{db}", "runs", "show", "ok-run", "--json"],
+        ["runs", "show", "ok-run", "-d", "{db}", "--json"],
+        ["-d", "{db}", "status", "--json"],
+    ],
+)
+def test_the_database_option_is_taken_before_and_after_the_subcommand(
+    db: str, where: list[str], tmp_path: Path
+) -> None:
+    args = [db if a == "{db}" else a for a in where]
+    result = CliRunner().invoke(
+        cli, args, env={**ENV, "TETHER_DATABASE_URL": f"sqlite:///{tmp_path}/none.db"}
+    )
+    assert result.exit_code == 0, result.output
+    assert "ok-run" in result.output or '"runs"' in result.output, result.output
+
+
+def test_a_database_option_after_the_subcommand_wins_over_the_one_before(
+    db: str, tmp_path: Path
+) -> None:
+    elsewhere = f"sqlite:///{tmp_path}/none.db"
+    result = invoke("-d", elsewhere, "runs", "-d", elsewhere, "list", "--json", "-d", db)
+    assert result.exit_code == 0, result.output
+    assert {r["id"] for r in json.loads(result.output)} == {"ok-run", "bad-run"}
+    missing = invoke("runs", "-d", db, "list", "-d", elsewhere)
+    assert missing.exit_code != 0
+    assert "no database at" in missing.output
+
+
+def test_cancel_resume_send_and_users_print_json_when_asked(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/j.db"
+
+    async def start_pending() -> None:
+        app, wait_go = event_app(url)
+        await app.start(wait_go, id="j1")
+        await app.start(wait_go, id="j2")
+        await app.close()
+
+    asyncio.run(start_pending())
+    sent = invoke("events", "-d", url, "send", "j2", "go", '{"n": 1}', "--json")
+    assert sent.exit_code == 0, sent.output
+    assert json.loads(sent.stdout) == {"run": "j2", "key": "go", "sent": True}
+    cancelled = invoke("runs", "-d", url, "cancel", "j1", "--json")
+    assert cancelled.exit_code == 0, cancelled.output
+    assert json.loads(cancelled.stdout) == {
+        "id": "j1", "status": "cancelled", "before": "pending", "cancel_requested": False
+    }  # fmt: skip
+    resumed = invoke("runs", "-d", url, "resume", "j1", "--json")
+    assert resumed.exit_code != 0  # a cancelled run is not resumed: the error stays text
+    assert "Traceback" not in resumed.output
+    added = invoke("users", "-d", url, "add", "ann", "-g", "sre", "--json")
+    assert added.exit_code == 0, added.output
+    user = json.loads(added.stdout)
+    assert (user["name"], user["groups"], user["active"]) == ("ann", ["sre"], True)
+    assert user["token"].startswith("tt_")
+    revoked = invoke("users", "-d", url, "revoke", "ann", "--json")
+    assert json.loads(revoked.stdout)["active"] is False
+
+
+def test_resume_prints_json_when_asked(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/r.db"
+    asyncio.run(make_runs(url))
+    resumed = invoke("runs", "resume", "bad-run", "--json", "-d", url)
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads(resumed.stdout) == {"id": "bad-run", "status": "pending"}

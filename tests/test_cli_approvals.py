@@ -544,3 +544,14 @@ def test_the_console_shows_control_characters_and_keeps_its_own_styles() -> None
     written = file.getvalue()
     assert written.count("\x1b") == 2, repr(written)  # the style's on and off, nothing else
     assert "<U+001B>[2J<U+202E>evil<U+200B><U+009B>" in written, repr(written)
+
+
+def test_a_long_title_stays_on_its_row_when_the_list_is_piped(url: str) -> None:
+    title = "Deploy release 1.2.3 of the payments service to the production cluster in eu-west?"
+    approval = start_pending(url, "rel-long", title=title)
+    # CliRunner's output is no terminal, as a pipe is not; no $COLUMNS says a width.
+    result = invoke("approvals", "--database", url, "list", env={"COLUMNS": None})
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if approval.id in line]
+    assert len(rows) == 1, result.output
+    assert title in rows[0], result.output

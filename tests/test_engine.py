@@ -9,6 +9,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -1031,3 +1033,34 @@ async def test_replay_check_reports_its_progress_run_by_run(make_app: MakeApp) -
         )
     assert [o.ok for o in outcomes] == [True, True, True]
     assert progress == [(1, 3), (2, 3), (3, 3)]
+
+
+def _define_flow(app: tether.App, value: int) -> Any:
+    # Each call defines the same function again, as a notebook cell run twice does.
+    @app.workflow(name="cell")
+    async def flow() -> int:
+        return value
+
+    return flow
+
+
+def _other_flow(app: tether.App) -> Any:
+    @app.workflow(name="cell")
+    async def flow() -> int:
+        return 0
+
+    return flow
+
+
+async def test_a_workflow_defined_again_replaces_the_old_one_and_another_of_its_name_is_refused(
+    tmp_path: Path,
+) -> None:
+    app = tether.App(f"sqlite:///{tmp_path}/t.db")
+    _define_flow(app, 1)
+    again = _define_flow(app, 2)  # a cell run twice: the new code replaces the old
+    assert app.engine.workflows["cell"] is again
+    with pytest.raises(tether.ConfigurationError, match=r"two workflows are named 'cell'.*"
+                       r"_define_flow.<locals>.flow and .*_other_flow.<locals>.flow"):  # fmt: skip
+        _other_flow(app)
+    async with app:
+        assert await (await app.start(again)).result(timeout=10) == 2

@@ -184,9 +184,11 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin, Ve
             wf: Workflow[..., Any] = Workflow(
                 f, name=name or f.__name__, timeout=timeout, queue=queue
             )
-            if wf.name in self.engine.workflows:
+            known = self.engine.workflows.get(wf.name)
+            if known is not None and not _redefined(known.fn, f):
                 raise ConfigurationError(
-                    f"two workflows are named {wf.name!r}; pass name= to tell them apart"
+                    f"two workflows are named {wf.name!r} ({_where(known.fn)} and "
+                    f"{_where(f)}); pass name= to tell them apart"
                 )
             self.engine.workflows[wf.name] = wf
             return wf
@@ -627,3 +629,13 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin, Ve
                                                     follow=follow)) as entries:  # fmt: skip
             async for entry in entries:
                 yield entry
+
+
+def _redefined(before: Callable[..., Any], after: Callable[..., Any]) -> bool:
+    """Whether `after` is `before` defined again (a notebook cell run twice, a module
+    reloaded): the same qualified name in the same module. The new code replaces the old."""
+    return (before.__module__, before.__qualname__) == (after.__module__, after.__qualname__)
+
+
+def _where(fn: Callable[..., Any]) -> str:
+    return f"{fn.__module__}.{fn.__qualname__}"

@@ -23,6 +23,7 @@ from tether.approvals.model import Approval, Decision, Reviewer
 from tether.cli.common import (
     CliError,
     F,
+    chosen,
     console,
     database_options,
     fields_grid,
@@ -155,12 +156,15 @@ def decide_options(command: F) -> F:
 @click.pass_context
 def approvals(ctx: click.Context, database: str, app_ref: str | None) -> None:
     """List, inspect and decide approvals; read and verify their audit trails."""
+    obj = chosen(ctx, database, app_ref)
     prefix = []  # how the pasteable commands of `show` choose this database
-    if app_ref:
-        prefix = ["--app", app_ref]
-    elif ctx.get_parameter_source("database") is ParameterSource.COMMANDLINE:
-        prefix = ["--database", database]
-    ctx.obj = {"database": database, "app": app_ref, "prefix": prefix}
+    if obj["app"]:
+        prefix = ["--app", obj["app"]]
+    elif obj["database"] != database or (
+        ctx.get_parameter_source("database") is ParameterSource.COMMANDLINE
+    ):
+        prefix = ["--database", obj["database"]]
+    ctx.obj = {**obj, "prefix": prefix}
 
 
 @approvals.command("list")

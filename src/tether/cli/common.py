@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import click
+from click.core import ParameterSource
 from rich.console import Console
 from rich.segment import Segment
 from rich.table import Table
@@ -48,14 +49,36 @@ class CliError(click.ClickException):
         console(stderr=True, soft_wrap=True).print(shown(f"{self.prefix}{self.message}", "red"))
 
 
+# The extra that installs each optional package a command may import (pyproject.toml).
+EXTRAS = {"uvicorn": "server", "fastapi": "server", "starlette": "server", "jinja2": "server",
+          "prometheus_client": "server", "psycopg": "postgres", "psycopg_pool": "postgres",
+          "opentelemetry": "otel", "langgraph": "langgraph", "openai": "openai",
+          "anthropic": "anthropic", "agents": "openai-agents"}  # fmt: skip
+
+
 class TetherGroup(click.Group):
-    """The root group: turns library errors into CliError, so users see no traceback."""
+    """The root group: turns library errors into CliError, so users see no traceback, and a
+    missing optional package into the extra to install."""
+
+    def add_command(self, cmd: click.Command, name: str | None = None) -> None:
+        super().add_command(cmd, name)
+        if isinstance(cmd, click.Group) and any(p.name == "database" for p in cmd.params):
+            accept_database_options_after(cmd)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except TetherError as exc:
             raise CliError(str(exc)) from exc
+        except ModuleNotFoundError as exc:
+            extra = EXTRAS.get((exc.name or "").partition(".")[0])
+            if extra is None:
+                raise
+            command = " ".join(filter(None, ["tether", ctx.invoked_subcommand]))
+            raise CliError(
+                f"`{command}` needs the {extra!r} extra ({exc.name} is not installed): "
+                f"pip install 'tether[{extra}]'"
+            ) from None
 
 
 class SafeConsole(Console):
@@ -77,8 +100,27 @@ def console(*, stderr: bool = False, soft_wrap: bool = False) -> Console:
     users and workflows, so `[red]` or `:smile:` in them is text, never markup or an emoji,
     and a terminal escape in them is shown, never obeyed (SafeConsole)."""
     return SafeConsole(
-        stderr=stderr, highlight=False, markup=False, emoji=False, soft_wrap=soft_wrap
+        stderr=stderr,
+        highlight=False,
+        markup=False,
+        emoji=False,
+        soft_wrap=soft_wrap,
+        width=piped_width(sys.stderr if stderr else sys.stdout),
     )
+
+
+# Output to a pipe or a file is read by grep, less or a log, not an 80-column terminal: rows
+# are kept whole up to this width (rich would wrap a table's titles one word per line).
+PIPED_WIDTH = 240
+
+
+def piped_width(stream: Any) -> int | None:
+    """The width to render for `stream`: the terminal's (None: rich finds it), $COLUMNS when
+    set, else PIPED_WIDTH when the output is not a terminal."""
+    if os.environ.get("COLUMNS", "").strip():
+        return None
+    isatty = getattr(stream, "isatty", None)
+    return None if isatty is not None and isatty() else PIPED_WIDTH
 
 
 def lines_visible(text: str) -> str:
@@ -150,6 +192,67 @@ def database_options(group: F) -> F:
         show_default="$TETHER_DATABASE_URL or sqlite:///tether.db",
         help="Database URL of the runs, e.g. sqlite:///path/to/tether.db.",
     )(group)
+
+
+# -- the database options, accepted before a group, after it and after its subcommand ----------
+
+_TOP = "tether.database-options"  # in ctx.meta (shared by every context): given at the top
+
+
+def _remember_top(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None and param.name is not None:
+        ctx.meta.setdefault(_TOP, {})[param.name] = value
+
+
+def top_options(group: F) -> F:
+    """The root's -d/--database and --app (`tether -d URL runs list`): what a group's own
+    options do not say themselves."""
+    group = click.option(
+        "--app",
+        "app",
+        metavar="MODULE:APP",
+        expose_value=False,
+        callback=_remember_top,
+        help="As a command group's --app.",
+    )(group)
+    return click.option("--database", "-d", "database", metavar="URL", expose_value=False,
+                        callback=_remember_top,
+                        help="As a command group's --database.")(group)  # fmt: skip
+
+
+def chosen(ctx: click.Context, database: str, app_ref: str | None) -> dict[str, Any]:
+    """The database options in force for a group's commands (its ctx.obj): its own when given,
+    else those given before it, else $TETHER_DATABASE_URL or the default. A subcommand's own
+    (after_options) override them once it is parsed."""
+    top = ctx.meta.get(_TOP, {})
+    if ctx.get_parameter_source("database") is not ParameterSource.COMMANDLINE:
+        database = top.get("database", database)
+    return {"database": database, "app": app_ref or top.get("app")}
+
+
+def _override(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is None or not isinstance(ctx.obj, dict) or param.name is None:
+        return
+    ctx.obj[param.name] = value
+    if "prefix" in ctx.obj and not (param.name == "database" and ctx.obj.get("app")):
+        ctx.obj["prefix"] = ["--app" if param.name == "app" else "--database", value]
+
+
+def accept_database_options_after(group: click.Group) -> None:
+    """Let every subcommand of a group with the database options take them too (`tether runs
+    list -d URL`), unless it has options of those names of its own."""
+    for command in group.commands.values():
+        taken = {opt for p in command.params for opt in getattr(p, "opts", ())}
+        if taken & {"-d", "--database", "--app"}:
+            continue
+        command.params.append(click.Option(
+            ["--database", "-d", "database"], metavar="URL", expose_value=False,
+            callback=_override, help="As the group's --database.",
+        ))  # fmt: skip
+        command.params.append(click.Option(
+            ["--app", "app"], metavar="MODULE:APP", expose_value=False, callback=_override,
+            help="As the group's --app.",
+        ))  # fmt: skip
 
 
 def run_with_app(ctx: click.Context, work: Callable[[App], Awaitable[T]]) -> T:

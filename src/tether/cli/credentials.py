@@ -23,6 +23,7 @@ from tether.app import App
 from tether.cli.common import (
     CliError,
     F,
+    chosen,
     console,
     database_options,
     load_app,
@@ -165,6 +166,8 @@ def login(ctx: click.Context, database: str, app_ref: str | None, token: str | N
         source = token_source(ctx, token)[1]
     else:
         token, source = click.prompt("token", hide_input=True, err=True).strip(), "the prompt"
+    chose = chosen(ctx, database, app_ref)  # `tether -d URL login` too
+    database, app_ref = chose["database"], chose["app"]
     if not app_ref:
         require_database(database, "pass --database URL (or set TETHER_DATABASE_URL)")
     app = load_app(app_ref) if app_ref else App(database)

@@ -10,7 +10,7 @@ import json
 
 import click
 
-from tether.cli.common import CliError, database_options, run_with_app
+from tether.cli.common import CliError, chosen, database_options, run_with_app
 
 
 @click.group()
@@ -18,15 +18,16 @@ from tether.cli.common import CliError, database_options, run_with_app
 @click.pass_context
 def events(ctx: click.Context, database: str, app_ref: str | None) -> None:
     """Send events to runs (taken by `tether.wait_for_event`)."""
-    ctx.obj = {"database": database, "app": app_ref}
+    ctx.obj = chosen(ctx, database, app_ref)
 
 
 @events.command("send")
 @click.argument("run_id")
 @click.argument("key")
 @click.argument("payload", default="null")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def events_send(ctx: click.Context, run_id: str, key: str, payload: str) -> None:
+def events_send(ctx: click.Context, run_id: str, key: str, payload: str, as_json: bool) -> None:
     """Send the event KEY to the run RUN_ID, with PAYLOAD as JSON text (default: null).
 
     Quote the payload for your shell, e.g. `tether events send r1 approved '{"by": "ada"}'`.
@@ -40,4 +41,7 @@ def events_send(ctx: click.Context, run_id: str, key: str, payload: str) -> None
             f"quote it whole for the shell, e.g. '{{\"x\": 1}}', '\"some text\"', 42 or null"
         ) from None
     run_with_app(ctx, lambda app: app.send(run_id, key, value))
+    if as_json:
+        click.echo(json.dumps({"run": run_id, "key": key, "sent": True}))
+        return
     click.echo(f"sent event {key!r} to run {run_id!r}")

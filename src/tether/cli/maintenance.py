@@ -19,6 +19,7 @@ from rich.text import Text
 
 from tether.app import App
 from tether.cli.common import (
+    chosen,
     console,
     database_options,
     fields_grid,
@@ -138,7 +139,7 @@ def gc(
     runs whose parent or a child is unfinished and runs with undelivered outbox messages are
     kept. Approvals and their audit trail are kept longer (--audit). Safe while workers run.
     """
-    ctx.obj = {"database": database, "app": app_ref}
+    ctx.obj = chosen(ctx, database, app_ref)
 
     async def work(app: App) -> GcReport:
         base = app.retention or Retention()
@@ -178,7 +179,7 @@ def status(ctx: click.Context, database: str, app_ref: str | None, as_json: bool
     """Show the database's size (file and WAL on SQLite), each table's rows and bytes, the runs
     by status, the versions in use (each one's unfinished runs and live workers), and the
     retention in force (the App's, with --app)."""
-    ctx.obj = {"database": database, "app": app_ref}
+    ctx.obj = chosen(ctx, database, app_ref)
 
     async def work(app: App) -> tuple[StorageStatus, list[VersionStatus]]:
         found = await app.storage_status()

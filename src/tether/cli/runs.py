@@ -18,6 +18,7 @@ from rich.text import Text
 
 from tether.app import App
 from tether.cli.common import (
+    chosen,
     console,
     database_options,
     fields_grid,
@@ -57,7 +58,7 @@ def first_line(error: dict[str, Any] | None) -> str:
 @click.pass_context
 def runs(ctx: click.Context, database: str, app_ref: str | None) -> None:
     """List, inspect, cancel, resume and fork runs."""
-    ctx.obj = {"database": database, "app": app_ref}
+    ctx.obj = chosen(ctx, database, app_ref)
 
 
 def parse_input(text: str | None) -> tuple[list[Any], dict[str, Any]]:
@@ -277,8 +278,9 @@ class Links:
 
 @runs.command("cancel")
 @click.argument("run_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def runs_cancel(ctx: click.Context, run_id: str) -> None:
+def runs_cancel(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """Cancel a run and print its status afterwards.
 
     A pending or waiting run ends at once (`cancelled`); a run that a worker holds ends at its
@@ -292,6 +294,10 @@ def runs_cancel(ctx: click.Context, run_id: str) -> None:
         return before, await handle.status()
 
     before, after = run_with_app(ctx, work)
+    if as_json:
+        click.echo(json.dumps({"id": run_id, "status": after.value, "before": before.value,
+                               "cancel_requested": not after.terminal}))  # fmt: skip
+        return
     line = shown(f"run {run_id!r}: ") + status_text(after)
     if before.terminal:
         line += Text(" (it had already finished; nothing changed)", style="dim")
@@ -302,8 +308,9 @@ def runs_cancel(ctx: click.Context, run_id: str) -> None:
 
 @runs.command("resume")
 @click.argument("run_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def runs_resume(ctx: click.Context, run_id: str) -> None:
+def runs_resume(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """Give a failed, dead or held run another go, once its cause is fixed (deploy it first).
 
     Completed steps replay from their checkpoints; the step whose failure ended the run gets
@@ -317,6 +324,9 @@ def runs_resume(ctx: click.Context, run_id: str) -> None:
         return await handle.status()
 
     status = run_with_app(ctx, work)
+    if as_json:
+        click.echo(json.dumps({"id": run_id, "status": status.value}))
+        return
     console().print(shown(f"run {run_id!r}: ") + status_text(status)
                     + Text(" (a worker resumes it from its checkpoints)"))  # fmt: skip
 

@@ -12,7 +12,15 @@ from dataclasses import asdict
 
 import click
 
-from tether.cli.common import console, database_options, iso, new_table, run_with_app, short_time
+from tether.cli.common import (
+    chosen,
+    console,
+    database_options,
+    iso,
+    new_table,
+    run_with_app,
+    short_time,
+)
 
 
 @click.group()
@@ -20,7 +28,7 @@ from tether.cli.common import console, database_options, iso, new_table, run_wit
 @click.pass_context
 def schedules(ctx: click.Context, database: str, app_ref: str | None) -> None:
     """List schedules: one run per cron slot (see docs/schedules.md)."""
-    ctx.obj = {"database": database, "app": app_ref}
+    ctx.obj = chosen(ctx, database, app_ref)
 
 
 @schedules.command("list")

@@ -12,6 +12,7 @@ import click
 
 from tether.app import App
 from tether.cli.common import (
+    chosen,
     console,
     database_options,
     load_app,
@@ -38,7 +39,7 @@ def user_json(user: User) -> dict[str, object]:
 @click.pass_context
 def users(ctx: click.Context, database: str, app_ref: str | None) -> None:
     """Add, list and revoke the users of `tether serve` (API tokens and inbox sign-in)."""
-    ctx.obj = {"database": database, "app": app_ref}
+    ctx.obj = chosen(ctx, database, app_ref)
 
 
 @users.command("add")
@@ -46,8 +47,9 @@ def users(ctx: click.Context, database: str, app_ref: str | None) -> None:
 @click.option("--group", "-g", "groups", multiple=True,
               help="A group the user belongs to (repeat for several); group admin may see and "
               "act on every run.")  # fmt: skip
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (with the token).")
 @click.pass_context
-def users_add(ctx: click.Context, name: str, groups: tuple[str, ...]) -> None:
+def users_add(ctx: click.Context, name: str, groups: tuple[str, ...], as_json: bool) -> None:
     """Add user NAME and print their token, once: it cannot be shown again."""
 
     async def work(app: App) -> tuple[User, str]:
@@ -55,6 +57,9 @@ def users_add(ctx: click.Context, name: str, groups: tuple[str, ...]) -> None:
         return await add_user(app.engine, name, frozenset(groups))
 
     user, token = run_app(_app(ctx), work)
+    if as_json:
+        click.echo(json.dumps({**user_json(user), "token": token}, indent=2))
+        return
     where = f" (groups: {', '.join(sorted(user.groups))})" if user.groups else ""
     click.echo(f"user {user.name} added{where}. Token, shown once:", err=True)
     click.echo(token)
@@ -85,8 +90,9 @@ def users_list(ctx: click.Context, as_json: bool) -> None:
 
 @users.command("revoke")
 @click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_context
-def users_revoke(ctx: click.Context, name: str) -> None:
+def users_revoke(ctx: click.Context, name: str, as_json: bool) -> None:
     """Revoke user NAME: their token and every inbox session end at once."""
 
     async def work(app: App) -> User:
@@ -94,4 +100,7 @@ def users_revoke(ctx: click.Context, name: str) -> None:
         return await revoke_user(app.engine, name)
 
     user = run_app(_app(ctx), work)
+    if as_json:
+        click.echo(json.dumps(user_json(user), indent=2))
+        return
     click.echo(f"user {user.name} revoked")
