@@ -555,3 +555,14 @@ def test_a_long_title_stays_on_its_row_when_the_list_is_piped(url: str) -> None:
     rows = [line for line in result.output.splitlines() if approval.id in line]
     assert len(rows) == 1, result.output
     assert title in rows[0], result.output
+
+
+@pytest.mark.parametrize("where", ["top", "after"])
+def test_show_names_a_database_given_before_or_after_it_in_its_commands(
+    url: str, ask: tether.Approval, where: str
+) -> None:
+    args = (["-d", url, "approvals", "show", ask.id] if where == "top"
+            else ["approvals", "show", ask.id, "-d", url])  # fmt: skip
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert f"tether approvals --database {url} approve {ask.id} --digest" in result.output

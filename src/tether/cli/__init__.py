@@ -12,7 +12,7 @@ from __future__ import annotations
 import click
 
 from tether.cli.approvals import approvals
-from tether.cli.common import TetherGroup, top_options
+from tether.cli.common import TetherGroup
 from tether.cli.credentials import login, logout
 from tether.cli.events import events
 from tether.cli.maintenance import gc, status
@@ -28,7 +28,6 @@ from tether.cli.worker import worker
 
 @click.group(cls=TetherGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="tether", message="tether %(version)s")
-@top_options
 def cli() -> None:
     """Tether: durable execution of workflows. Inspect, cancel and signal runs, decide
     approvals as the user of a token (`tether login`), check that stored histories replay

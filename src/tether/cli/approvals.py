@@ -14,7 +14,6 @@ import shlex
 from typing import Any
 
 import click
-from click.core import ParameterSource
 from rich.highlighter import JSONHighlighter
 from rich.text import Text
 
@@ -89,7 +88,10 @@ def votes_text(a: Approval) -> str:
 def decide_commands(ctx: click.Context, a: Approval) -> list[str]:
     """The commands that decide `a` as its options allow, with the database options this
     command was given, so they can be pasted as they are."""
-    base = " ".join(["tether", "approvals", *map(shlex.quote, ctx.obj["prefix"])])
+    chose = ctx.obj  # how the pasteable commands choose this database, as this one did
+    prefix = (["--app", chose["app"]] if chose["app"]
+              else ["--database", chose["database"]] if chose["given"] else [])  # fmt: skip
+    base = " ".join(["tether", "approvals", *map(shlex.quote, prefix)])
     # Quoted for the shell, then made visible: an id holding an escape is shown, not obeyed.
     tail = f"{shlex.quote(a.id)} --digest {shlex.quote(a.operation_digest)}"
     lines = []
@@ -156,15 +158,7 @@ def decide_options(command: F) -> F:
 @click.pass_context
 def approvals(ctx: click.Context, database: str, app_ref: str | None) -> None:
     """List, inspect and decide approvals; read and verify their audit trails."""
-    obj = chosen(ctx, database, app_ref)
-    prefix = []  # how the pasteable commands of `show` choose this database
-    if obj["app"]:
-        prefix = ["--app", obj["app"]]
-    elif obj["database"] != database or (
-        ctx.get_parameter_source("database") is ParameterSource.COMMANDLINE
-    ):
-        prefix = ["--database", obj["database"]]
-    ctx.obj = {**obj, "prefix": prefix}
+    ctx.obj = chosen(ctx, database, app_ref)
 
 
 @approvals.command("list")

@@ -58,7 +58,12 @@ EXTRAS = {"uvicorn": "server", "fastapi": "server", "starlette": "server", "jinj
 
 class TetherGroup(click.Group):
     """The root group: turns library errors into CliError, so users see no traceback, and a
-    missing optional package into the extra to install."""
+    missing optional package into the extra to install. It takes the database options too,
+    for the groups' commands, and hands them to every subcommand of those groups."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.params.extend(_database_pair(_remember_top, "a command group's"))
 
     def add_command(self, cmd: click.Command, name: str | None = None) -> None:
         super().add_command(cmd, name)
@@ -204,55 +209,41 @@ def _remember_top(ctx: click.Context, param: click.Parameter, value: str | None)
         ctx.meta.setdefault(_TOP, {})[param.name] = value
 
 
-def top_options(group: F) -> F:
-    """The root's -d/--database and --app (`tether -d URL runs list`): what a group's own
-    options do not say themselves."""
-    group = click.option(
-        "--app",
-        "app",
-        metavar="MODULE:APP",
-        expose_value=False,
-        callback=_remember_top,
-        help="As a command group's --app.",
-    )(group)
-    return click.option("--database", "-d", "database", metavar="URL", expose_value=False,
-                        callback=_remember_top,
-                        help="As a command group's --database.")(group)  # fmt: skip
+def _override(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None and isinstance(ctx.obj, dict) and param.name is not None:
+        ctx.obj[param.name] = value
+        ctx.obj["given"] = ctx.obj["given"] or param.name == "database"
+
+
+def _database_pair(callback: Any, about: str) -> list[click.Parameter]:
+    """-d/--database and --app that say what `about`'s own options say (see chosen)."""
+    return [
+        click.Option(["--database", "-d", "database"], metavar="URL", expose_value=False,
+                     callback=callback, help=f"As {about} --database."),
+        click.Option(["--app", "app"], metavar="MODULE:APP", expose_value=False,
+                     callback=callback, help=f"As {about} --app."),
+    ]  # fmt: skip
 
 
 def chosen(ctx: click.Context, database: str, app_ref: str | None) -> dict[str, Any]:
     """The database options in force for a group's commands (its ctx.obj): its own when given,
-    else those given before it, else $TETHER_DATABASE_URL or the default. A subcommand's own
-    (after_options) override them once it is parsed."""
+    else those given before it (`tether -d URL runs list`), else $TETHER_DATABASE_URL or the
+    default; `given`: a database was named on the command line. A subcommand's own options
+    override them once it is parsed (`tether runs list -d URL`)."""
     top = ctx.meta.get(_TOP, {})
-    if ctx.get_parameter_source("database") is not ParameterSource.COMMANDLINE:
-        database = top.get("database", database)
-    return {"database": database, "app": app_ref or top.get("app")}
-
-
-def _override(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    if value is None or not isinstance(ctx.obj, dict) or param.name is None:
-        return
-    ctx.obj[param.name] = value
-    if "prefix" in ctx.obj and not (param.name == "database" and ctx.obj.get("app")):
-        ctx.obj["prefix"] = ["--app" if param.name == "app" else "--database", value]
+    given = ctx.get_parameter_source("database") is ParameterSource.COMMANDLINE
+    if not given and "database" in top:
+        database, given = top["database"], True
+    return {"database": database, "app": app_ref or top.get("app"), "given": given}
 
 
 def accept_database_options_after(group: click.Group) -> None:
-    """Let every subcommand of a group with the database options take them too (`tether runs
-    list -d URL`), unless it has options of those names of its own."""
+    """Let every subcommand of a group with the database options take them too, unless it has
+    options of those names of its own."""
     for command in group.commands.values():
         taken = {opt for p in command.params for opt in getattr(p, "opts", ())}
-        if taken & {"-d", "--database", "--app"}:
-            continue
-        command.params.append(click.Option(
-            ["--database", "-d", "database"], metavar="URL", expose_value=False,
-            callback=_override, help="As the group's --database.",
-        ))  # fmt: skip
-        command.params.append(click.Option(
-            ["--app", "app"], metavar="MODULE:APP", expose_value=False, callback=_override,
-            help="As the group's --app.",
-        ))  # fmt: skip
+        if not taken & {"-d", "--database", "--app"}:
+            command.params.extend(_database_pair(_override, "the group's"))
 
 
 def run_with_app(ctx: click.Context, work: Callable[[App], Awaitable[T]]) -> T:
