@@ -1,27 +1,53 @@
-# The team's vocabulary: install, test, check, demo, bench (browser: the inbox tests' Chromium).
+# The team's vocabulary: install, test, check, demo, bench (browser: the inbox tests' Chromium;
+# lock: uv.lock again after the dependencies in pyproject.toml changed).
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test check demo crash-demo bench browser clean
+.PHONY: install lock test check demo crash-demo bench browser clean
 
 install: $(STAMP)
 
-# Reinstalls only when the project's metadata changed: a no-op `make install` takes well under 2 s.
-$(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[all,dev]'
+# The project's uv, read from its one pin (the dev extra of pyproject.toml): pip installs that uv
+# into .venv, which then keeps it, since `uv sync` installs exactly what uv.lock lists.
+UV_VERSION = $(shell sed -n 's/^ *"uv==\([^"]*\)".*/\1/p' pyproject.toml)
+# uv's settings, for its own calls only: the project's .venv and its Python (never one
+# downloaded), TLS trusted as the system trusts it (as pip and curl do).
+UV = UV_PROJECT_ENVIRONMENT=$(VENV) UV_PYTHON=$(BIN)/python UV_PYTHON_DOWNLOADS=never \
+	UV_SYSTEM_CERTS=1 $(BIN)/uv
+
+# .venv (made by $(PY)) and, in it, the project's uv.
+define venv-with-uv
+test -x $(BIN)/python || $(PY) -m venv $(VENV)
+test "$$($(BIN)/uv --version 2>/dev/null)" = "uv $(UV_VERSION)" || \
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check "uv==$(UV_VERSION)"
+endef
+
+# Installs what uv.lock lists (the project editable, every extra), nothing resolved anew; again
+# only when the lock or the project's metadata changed: a no-op `make install` takes well under
+# 2 s. After editing the dependencies in pyproject.toml: `make lock`, and commit uv.lock.
+$(STAMP): pyproject.toml uv.lock
+	$(venv-with-uv)
+	$(UV) sync --frozen --all-extras
 	touch $(STAMP)
 
 test: install
 	$(BIN)/python -m pytest -q
 
 check: install
+	@$(UV) lock --check --quiet || { echo "uv.lock does not match pyproject.toml:" \
+		"run \`make lock\` (.venv/bin/uv lock) and commit uv.lock" >&2; exit 1; }
 	$(BIN)/ruff check src tests bench examples
 	$(BIN)/ruff format --check src tests bench examples
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q tests/test_layout.py
+
+# After editing the dependencies in pyproject.toml: resolves them again into uv.lock (the
+# versions already locked are kept where they still fit; `make lock UPGRADE=1` takes the newest).
+lock:
+	$(venv-with-uv)
+	$(UV) lock $(if $(UPGRADE),--upgrade)
 
 # The inbox's browser tests drive Debian's Chromium (headless); installed once per machine.
 browser:
