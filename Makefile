@@ -27,7 +27,7 @@ endef
 # Installs what uv.lock lists (the project editable, every extra), nothing resolved anew; again
 # only when the lock or the project's metadata changed: a no-op `make install` takes well under
 # 2 s. After editing the dependencies in pyproject.toml: `make lock`, and commit uv.lock.
-# Bytecode compiled once here, as pip does (5 s): each process then imports the heavy extras
+# Bytecode compiled once here, as pip does (5 to 10 s): each process then imports the heavy extras
 # about 3 s sooner where PYTHONDONTWRITEBYTECODE is set and .pyc files are never written.
 $(STAMP): pyproject.toml uv.lock
 	$(venv-with-uv)
