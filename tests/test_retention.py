@@ -146,9 +146,9 @@ async def test_a_dry_run_counts_exactly_what_gc_then_deletes(url: str) -> None:
         for i in range(7):
             await finish(f, i % 3 + 1, f"r{i}")
         f.clock.advance(31 * DAY)
-        before = await f.app.engine.store.stats()
+        before = await f.app.engine.store.stats(0.0)
         dry = await f.app.gc(retention=Retention(batch=5), dry_run=True)
-        assert (await f.app.engine.store.stats()) == before  # nothing deleted
+        assert (await f.app.engine.store.stats(0.0)) == before  # nothing deleted
         done = await f.app.gc(retention=Retention(batch=5))
     assert dry.dry_run
     assert not done.dry_run

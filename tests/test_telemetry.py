@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import logging
+import re
+import sys
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from opentelemetry import trace
@@ -25,6 +29,7 @@ from opentelemetry.trace import StatusCode
 import tether
 from tether.core.observe import Observer, RunOutcome, StepOutcome
 from tether.errors import ConfigurationError
+from tether.redact import REDACTED
 from tether.telemetry import (
     LOG_FORMAT,
     Metrics,
@@ -33,7 +38,9 @@ from tether.telemetry import (
     instrument,
     metrics_of,
 )
+from tether.telemetry.logs import JsonFormatter, log_format_from_env
 from tether.testing import fake_app, run_until_idle
+from tether.text import hostile
 
 SECRET = "sk-live-51HxSECRETvalue4242"  # what must never reach a span
 EXPORTER = InMemorySpanExporter()
@@ -465,6 +472,25 @@ def test_the_filter_keeps_what_a_record_already_says() -> None:
     assert record.run_id == "given"
 
 
+async def greet_ada() -> None:
+    """Run h1, whose step `greet` logs `greeting ada` on my.app; then log `outside` a run."""
+    app = fake_app()
+
+    @app.step()
+    async def greet(name: str) -> str:
+        logging.getLogger("my.app").info("greeting %s", name)
+        return name
+
+    @app.workflow()
+    async def hello(name: str) -> str:
+        return await greet(name)
+
+    async with app:
+        await app.start(hello, "ada", id="h1")
+        await run_until_idle(app)
+    logging.getLogger("my.app").warning("outside")
+
+
 async def test_install_logging_prints_the_run_and_step_of_user_records() -> None:
     stream = io.StringIO()
     root = logging.getLogger()
@@ -473,21 +499,7 @@ async def test_install_logging_prints_the_run_and_step_of_user_records() -> None
     try:
         assert install_logging(stream=stream) is handler  # once, however often it is called
         assert root.handlers.count(handler) == 1
-        app = fake_app()
-
-        @app.step()
-        async def greet(name: str) -> str:
-            logging.getLogger("my.app").info("greeting %s", name)
-            return name
-
-        @app.workflow()
-        async def hello(name: str) -> str:
-            return await greet(name)
-
-        async with app:
-            await app.start(hello, "ada", id="h1")
-            await run_until_idle(app)
-        logging.getLogger("my.app").warning("outside")
+        await greet_ada()
     finally:
         root.removeHandler(handler)
         root.setLevel(level)
@@ -497,6 +509,343 @@ async def test_install_logging_prints_the_run_and_step_of_user_records() -> None
     assert LOG_FORMAT == (
         "%(asctime)s %(levelname)s %(name)s [run=%(run_id)s step=%(step)s] %(message)s"
     )
+
+
+# -- logging as JSON ----------------------------------------------------------------------------
+
+ISO_MS_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
+
+
+def no_constant(name: str) -> object:
+    raise AssertionError(f"{name} is not JSON")
+
+
+def parse_lines(text: str) -> list[dict[str, Any]]:
+    """The records of a JSON log, after checking that each is one line of printable characters
+    (no line break of any kind, no escape sequence, valid UTF-8) and strict JSON."""
+    lines = text.splitlines()
+    assert text == "".join(line + "\n" for line in lines)  # nothing else breaks a line
+    for line in lines:
+        assert line.isprintable(), line
+        line.encode("utf-8")
+    return [json.loads(line, parse_constant=no_constant) for line in lines]
+
+
+class JsonLog:
+    """JsonFormatter on a handler of logger `my.json`, as install_logging(format="json") sets
+    it up, without touching the root logger."""
+
+    def __init__(self) -> None:
+        self.stream = io.StringIO()
+        self.handler = logging.StreamHandler(self.stream)
+        self.handler.addFilter(RunContextFilter())
+        self.handler.setFormatter(JsonFormatter())
+
+    def records(self) -> list[dict[str, Any]]:
+        return parse_lines(self.stream.getvalue())
+
+
+@pytest.fixture
+def json_log() -> Iterator[JsonLog]:
+    log = JsonLog()
+    logger = logging.getLogger("my.json")
+    logger.addHandler(log.handler)
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield log
+    finally:
+        logger.removeHandler(log.handler)
+        logger.setLevel(logging.NOTSET)
+
+
+def fail(error: Exception) -> None:
+    raise error
+
+
+def record(msg: object, *args: object, **attributes: object) -> logging.LogRecord:
+    made = logging.LogRecord("my.json", logging.INFO, __file__, 1, msg, args or None, None)
+    made.__dict__.update(attributes)
+    return made
+
+
+async def test_install_logging_as_json_writes_a_step_record_as_one_line_with_its_run_and_step() -> (
+    None
+):
+    stream = io.StringIO()
+    root = logging.getLogger()
+    level = root.level
+    handler = install_logging(stream=stream, format="json")
+    try:
+        await greet_ada()
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    mine = [r for r in parse_lines(stream.getvalue()) if r["logger"] == "my.app"]
+    for entry in mine:
+        assert ISO_MS_UTC.fullmatch(entry.pop("time"))
+    assert mine == [
+        {"level": "INFO", "logger": "my.app", "message": "greeting ada",
+         "run_id": "h1", "workflow": "hello", "step": "greet"},
+        {"level": "WARNING", "logger": "my.app", "message": "outside",
+         "run_id": "", "workflow": "", "step": ""},
+    ]  # fmt: skip
+
+
+def test_a_json_record_has_its_fields_in_order_and_its_time_in_utc_to_the_millisecond() -> None:
+    made = record("hello %s", "ada", created=1777716843.214, run_id="r1", workflow="w", step="s#2")
+    line = JsonFormatter().format(made)
+    assert line == (
+        '{"time":"2026-05-02T10:14:03.214Z","level":"INFO","logger":"my.json",'
+        '"message":"hello ada","run_id":"r1","workflow":"w","step":"s#2"}'
+    )
+    assert datetime(2026, 5, 2, 10, 14, 3, 214000, tzinfo=UTC).timestamp() == 1777716843.214
+
+
+HOSTILE = [
+    "two\nlines",
+    "carriage\rreturn and\r\nboth",
+    "line\u2028separator",
+    "paragraph\u2029separator",
+    "next\x85line, vertical\x0btab, form\x0cfeed, \x1c\x1d\x1e separators",
+    "\x1b[31mred\x1b[0m and \x9b2J (a C1 CSI) and \x7f",
+    'quotes " and \\ backslashes \\" and \\u2028 spelled out',
+    '"}\n{"level":"CRITICAL","message":"forged"}',
+    "bidi \u202eoverride\u202c, zero\u200bwidth, \ufeffBOM, \U000e0001 tag",
+    "a lone surrogate \ud800 (from os.fsdecode of bad bytes)",
+    "unicode stays readable: café, 日本語, 🎉",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_text_in_a_json_record_stays_one_line_and_parses_back_exactly(
+    json_log: JsonLog, text: str
+) -> None:
+    logging.getLogger("my.json").info(text)
+    logging.getLogger("my.json").info("said: %s", text, extra={"note": text, "run_id": text})
+    plain, formatted = json_log.records()
+    assert plain["message"] == text
+    assert formatted["message"] == f"said: {text}"
+    assert formatted["note"] == text
+    assert formatted["run_id"] == text
+    assert plain["level"] == formatted["level"] == "INFO"
+    assert "CRITICAL" not in (plain["level"], formatted["level"])
+
+
+def test_printable_unicode_is_written_as_it_is_and_only_the_rest_is_escaped() -> None:
+    line = JsonFormatter().format(record("café 日本語 🎉\u2028\x1b"))
+    assert "café 日本語 🎉\\u2028\\u001b" in line
+
+
+def test_every_character_tether_text_spells_out_is_escaped_in_a_json_line() -> None:
+    spelled = "".join(
+        chr(c) for c in range(0x110000)
+        if not 0xD800 <= c <= 0xDFFF and hostile(chr(c), newlines=False)
+    )  # fmt: skip
+    assert {"\u2028", "\u2029", "\x1b", "\x85", "\n", "\u202e"} <= set(spelled)
+    line = JsonFormatter().format(record(spelled))
+    assert not any(char in line for char in spelled)
+    assert json.loads(line)["message"] == spelled
+
+
+def test_secrets_are_redacted_in_the_json_message_extras_and_traceback(json_log: JsonLog) -> None:
+    url = "postgresql://app:hunter2@db.internal:5432/prod"
+    try:
+        fail(ConnectionError(f"upstream refused token {SECRET} at {url}"))
+    except ConnectionError:
+        logging.getLogger("my.json").exception(
+            "calling with %s", SECRET,
+            extra={"note": f"key={SECRET}", "dsn": url, "nested": {"list": [SECRET, "plain"]},
+                   "api_key": "opaque-but-named", "config": {"password": "hunter3"}},
+        )  # fmt: skip
+    text = json_log.stream.getvalue()
+    for secret in (SECRET, "hunter2", "hunter3", "opaque-but-named"):
+        assert secret not in text
+    (entry,) = json_log.records()
+    assert entry["message"] == f"calling with {REDACTED}"
+    assert entry["note"] == f"key={REDACTED}"
+    assert entry["dsn"] == f"postgresql://app:{REDACTED}@db.internal:5432/prod"
+    assert entry["nested"] == {"list": [REDACTED, "plain"]}
+    assert entry["api_key"] == REDACTED
+    assert entry["config"] == {"password": REDACTED}
+    assert entry["exception"].endswith(
+        f"ConnectionError: upstream refused token {REDACTED} at "
+        f"postgresql://app:{REDACTED}@db.internal:5432/prod"
+    )
+
+
+def test_an_exception_is_in_the_exception_field_and_a_stack_in_the_stack_field(
+    json_log: JsonLog,
+) -> None:
+    logger = logging.getLogger("my.json")
+    logger.info("nothing wrong")
+    try:
+        fail(ValueError("boom"))
+    except ValueError:
+        logger.exception("it failed")
+    logger.info("here", stack_info=True)
+    plain, failed, stacked = json_log.records()
+    assert "exception" not in plain
+    assert "stack" not in plain
+    assert failed["message"] == "it failed"
+    assert failed["level"] == "ERROR"
+    assert failed["exception"].startswith("Traceback (most recent call last):\n")
+    assert 'fail(ValueError("boom"))' in failed["exception"]
+    assert "raise error" in failed["exception"]
+    assert failed["exception"].endswith("ValueError: boom")
+    assert "stack" not in failed
+    assert stacked["stack"].startswith("Stack (most recent call last):\n")
+    assert "test_an_exception_is_in_the_exception_field" in stacked["stack"]
+    assert "exception" not in stacked
+
+
+class Thing:
+    def __str__(self) -> str:
+        return "a thing"
+
+
+class Unprintable:
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+class BadMapping(dict[str, str]):
+    def items(self) -> Any:
+        raise RuntimeError("no items")
+
+    def __str__(self) -> str:
+        return "a bad mapping"
+
+
+def test_extras_json_cannot_hold_are_written_as_text_and_never_break_the_line(
+    json_log: JsonLog,
+) -> None:
+    cycle: list[object] = [1]
+    cycle.append(cycle)
+    extras = {
+        "thing": Thing(),
+        "data": b"\x00raw\nbytes",
+        "tags": {"b", "a", "c"},
+        "pair": (1, "two"),
+        "when": datetime(2026, 5, 2, 10, 14, 3, tzinfo=UTC),
+        "ratio": float("nan"),
+        "limit": float("inf"),
+        "count": 3,
+        "share": 0.5,
+        "flag": True,
+        "nothing": None,
+        "keys": {1: "int key", None: "none key"},
+        "unprintable": Unprintable(),
+        "bad_mapping": BadMapping(),
+        "cycle": cycle,
+        "huge": 10**5000,
+        "level": "CRITICAL",  # would forge the level
+    }
+    logging.getLogger("my.json").info("odd extras", extra=extras)
+    (entry,) = json_log.records()
+    assert entry["level"] == "INFO"
+    assert entry["message"] == "odd extras"
+    assert entry["extra.level"] == "CRITICAL"
+    assert entry["thing"] == "a thing"
+    assert entry["data"] == "b'\\x00raw\\nbytes'"
+    assert entry["tags"] == ["a", "b", "c"]
+    assert entry["pair"] == [1, "two"]
+    assert entry["when"] == "2026-05-02T10:14:03+00:00"
+    assert (entry["ratio"], entry["limit"]) == ("nan", "inf")
+    assert (entry["count"], entry["share"], entry["flag"], entry["nothing"]) == (3, 0.5, True, None)
+    assert entry["keys"] == {"1": "int key", "None": "none key"}
+    assert entry["unprintable"] == "<unprintable Unprintable>"
+    assert entry["bad_mapping"] == "a bad mapping"
+    assert entry["cycle"] == [1, REDACTED]
+    assert entry["huge"] == "<an int of 16610 bits>"
+
+
+def test_a_json_formatter_never_raises_and_never_changes_the_record() -> None:
+    formatter = JsonFormatter()
+    try:
+        fail(KeyError("k"))
+    except KeyError:
+        failing = record("failed", exc_info=sys.exc_info())
+    odd = [
+        record("%d items", "many"),  # args that do not fit
+        record(Unprintable()),
+        record("no time", created="yesterday"),
+        record("far future", created=1e300),
+        record("hand-made exc_info", exc_info=("not", "a", "triple")),
+        record("levelname not a string", levelname=None, name=42),
+        failing,
+    ]
+    for made in odd:
+        before = dict(vars(made))
+        (entry,) = parse_lines(formatter.format(made) + "\n")
+        assert vars(made) == before  # no message, asctime or exc_text cached on it
+        assert set(entry) >= {"time", "level", "logger", "message", "run_id", "workflow", "step"}
+    messages = [json.loads(formatter.format(made))["message"] for made in odd]
+    assert messages[0] == "'%d items' % ('many',)"
+    assert messages[1] == "<unprintable Unprintable> % None"
+    assert json.loads(formatter.format(odd[2]))["time"] == "yesterday"
+    assert json.loads(formatter.format(odd[4]))["exception"] == "('not', 'a', 'triple')"
+    assert json.loads(formatter.format(odd[5]))["logger"] == "42"
+    assert json.loads(formatter.format(failing))["exception"].endswith("KeyError: 'k'")
+
+
+def test_install_logging_switches_its_one_handler_between_text_and_json() -> None:
+    stream = io.StringIO()
+    root = logging.getLogger()
+    level = root.level
+    log = logging.getLogger("my.app")
+    handler = install_logging(stream=stream)
+    try:
+        log.warning("first as text")
+        assert install_logging(stream=stream, format="json", fmt="%(message)s") is handler
+        assert isinstance(handler.formatter, JsonFormatter)
+        log.warning("then as json")
+        with pytest.raises(ConfigurationError, match="'text' or 'json', not 'xml'"):
+            install_logging(stream=stream, format="xml")  # type: ignore[arg-type]
+        assert isinstance(handler.formatter, JsonFormatter)  # a refused call changes nothing
+        assert install_logging(stream=stream, format="text") is handler
+        log.warning("text again")
+        assert [h for h in root.handlers if isinstance(h, type(handler))] == [handler]
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    first, second, third = stream.getvalue().splitlines()
+    assert first.split(" ", 2)[2] == "WARNING my.app [run= step=] first as text"
+    assert json.loads(second)["message"] == "then as json"  # fmt is for the text format only
+    assert third.split(" ", 2)[2] == "WARNING my.app [run= step=] text again"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (None, "text"),
+        ("", "text"),
+        ("   ", "text"),
+        ("text", "text"),
+        ("TEXT", "text"),
+        ("json", "json"),
+        ("JSON", "json"),
+        (" Json\n", "json"),
+    ],
+)
+def test_tether_log_format_is_text_or_json_in_any_case_and_text_when_unset(
+    value: str | None, expected: str
+) -> None:
+    assert log_format_from_env(value) == expected
+
+
+@pytest.mark.parametrize("value", ["xml", "jsonl", "1", "te xt", "\uff4a\uff53\uff4f\uff4e"])
+def test_any_other_tether_log_format_is_refused_naming_the_variable_and_the_choices(
+    value: str,
+) -> None:
+    with pytest.raises(ConfigurationError) as refused:
+        log_format_from_env(value)
+    message = str(refused.value)
+    assert "TETHER_LOG_FORMAT" in message
+    assert "`text` or `json`" in message
+    assert repr(value) in message
 
 
 def test_the_metrics_observer_is_no_part_of_the_default_engine() -> None:

@@ -141,12 +141,14 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin, Ve
                     f"and approval_decided(approval, decision) methods"
                 )
         self.engine.notifiers = list(notifiers)
-        # OpenTelemetry spans (docs/observability.md): off unless asked, since even without an
-        # SDK each span costs a few microseconds on the hot path. None: $TETHER_OTEL decides.
+        # OpenTelemetry spans and metrics (docs/observability.md): off unless asked, since even
+        # without an SDK each span costs a few microseconds on the hot path. None:
+        # $TETHER_OTEL decides.
         if _env_flag("TETHER_OTEL") if telemetry is None else telemetry:
-            from tether.telemetry.spans import enable
+            from tether.telemetry import meters, spans
 
-            enable(self.engine, required=telemetry is not None)
+            spans.enable(self.engine, required=telemetry is not None)
+            meters.enable(self.engine, required=telemetry is not None)
         self._init_outbox(senders)
         self._init_retention(retention)
         self._opened = False
@@ -480,7 +482,7 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin, Ve
             statuses = [s for s in RunStatus if finished or not s.terminal]
         total: int | None = None
         if workflow is None:
-            counts = (await store.stats()).runs
+            counts = (await store.stats(self.engine.clock.now())).runs
             total = sum(counts.get(s, 0) for s in statuses)
             total = total if limit is None else min(total, limit)
         outcomes: list[ReplayOutcome] = []

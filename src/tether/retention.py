@@ -327,6 +327,6 @@ class RetentionMixin:
         by status, and the App's retention."""
         await self.open()
         sizes = await self.engine.store.storage_sizes()
-        stats = await self.engine.store.stats()
+        stats = await self.engine.store.stats(self.engine.clock.now())
         runs = {status.value: count for status, count in stats.runs.items()}
         return StorageStatus(self.url, sizes, runs, self.retention)

@@ -91,7 +91,7 @@ async def test_metrics_serve_admin_and_group_metrics_gauges_that_match_the_store
         assert line in text.splitlines()
 
     found = samples(text)
-    stats = await app.engine.store.stats()
+    stats = await app.engine.store.stats(app.engine.clock.now())
     for status in RunStatus:
         expected = len(await app.list_runs(status=status, limit=1000))
         assert found[("tether_runs", (("status", status.value),))] == expected

@@ -26,11 +26,13 @@ from rich.text import Text
 from tether.app import App
 from tether.errors import ConfigurationError, TetherError
 from tether.store import database_exists, default_url
+from tether.telemetry.logs import LogFormat, log_format_from_env
 from tether.text import visible
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
 APP_FORM = "module:attribute, e.g. `myproject.main:app`"
+LOG_FORMAT_ENV = "TETHER_LOG_FORMAT"
 STATUS_STYLE = {  # the statuses of runs, checkpoints and approvals
     "pending": "yellow", "running": "blue", "waiting": "cyan", "held": "bold yellow",
     "succeeded": "green", "failed": "red", "cancelled": "magenta", "dead": "bold red",
@@ -171,6 +173,22 @@ def load_app(ref: str) -> App:
             f"expected {APP_FORM}"
         )
     return obj
+
+
+def _log_format(ctx: click.Context, param: click.Parameter, value: str | None) -> LogFormat:
+    try:  # the option, else $TETHER_LOG_FORMAT, else text
+        return log_format_from_env(value if value is not None else os.environ.get(LOG_FORMAT_ENV))
+    except ConfigurationError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
+def log_format_option(command: F) -> F:
+    """--log-format text|json of a long-running command (`tether worker`, `tether serve`)."""
+    return click.option(
+        "--log-format", type=click.Choice(["text", "json"], case_sensitive=False),
+        callback=_log_format, help=f"How records are written to stderr: text (default) or "
+        f"json, one object a line (${LOG_FORMAT_ENV}).",
+    )(command)  # fmt: skip
 
 
 def require_database(url: str, hint: str) -> None:

@@ -9,6 +9,7 @@ must not hold engine logic or talk SQL: what it needs beyond printing belongs in
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ from tether.cli.common import (
     status_text,
 )
 from tether.core.handle import ForkInfo, RunInfo
+from tether.core.observe import given_trace, valid_trace
 from tether.core.workflow import Named
 from tether.errors import RunCancelled, RunFailed
 from tether.redact import redact
@@ -107,7 +109,8 @@ def runs_start(
 
     Without --app nothing here needs the code: the arguments are stored as given, and a worker
     whose workflow cannot take them makes the run dead at once, saying why. With --app they
-    are checked against the workflow's signature and type hints first.
+    are checked against the workflow's signature and type hints first. TRACEPARENT (and
+    TRACESTATE) in the environment make the run's spans children of that W3C trace context.
     """
     args, kwargs = parse_input(input_text)
     if kwargs.keys() & {"id", "priority", "dedup_key", "started_by"}:
@@ -118,6 +121,9 @@ def runs_start(
 
     async def work(app: App) -> Started:
         target = Named(workflow, queue=queue) if queue else workflow
+        # The carrier of a script's trace, by the OpenTelemetry convention for environments.
+        given_trace.set(valid_trace({"traceparent": os.environ.get("TRACEPARENT", ""),
+                                     "tracestate": os.environ.get("TRACESTATE", "")}))  # fmt: skip
         handle = await app.start(target, *args, id=run_id, **kwargs)
         if not wait:
             return Started(await handle.info(), None, None)

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 import click
 
 from tether.app import App
-from tether.cli.common import load_app
+from tether.cli.common import load_app, log_format_option
 from tether.errors import ConfigurationError
-from tether.telemetry.logs import install_logging
+from tether.telemetry.logs import LogFormat, install_logging
 
 if TYPE_CHECKING:  # uvicorn is the [server] extra's, imported when serving
     import uvicorn
@@ -63,7 +63,7 @@ def server_config(
 async def run_server(
     app: App, host: str, port: int, *, worker: bool, secure: bool,
     origins: Sequence[str] = (), idle: timedelta | None = None,
-    forwarded_allow_ips: str | None = None,
+    forwarded_allow_ips: str | None = None, log_format: LogFormat = "text",
 ) -> None:  # fmt: skip
     import uvicorn
 
@@ -74,7 +74,7 @@ async def run_server(
                            session_idle=idle or timedelta(minutes=30))  # fmt: skip
     config = server_config(server, host, port, secure=secure,
                            forwarded_allow_ips=forwarded_allow_ips)  # fmt: skip
-    install_logging()  # Tether's records say [run=... step=...]
+    install_logging(format=log_format)  # Tether's records say which run and step
     if worker:
         async with app:
             await uvicorn.Server(config).serve()
@@ -108,9 +108,11 @@ async def run_server(
               "($FORWARDED_ALLOW_IPS). Needed behind an ingress on another address.")  # fmt: skip
 @click.option("--session-idle", type=click.IntRange(1, 12 * 60), default=30, show_default=True,
               help="Minutes without a request after which an inbox session ends.")  # fmt: skip
+@log_format_option
 def serve(
     app_ref: str, host: str, port: int, worker: bool, secure_cookies: bool,
     origins: tuple[str, ...], forwarded_allow_ips: str | None, session_idle: int,
+    log_format: LogFormat,
 ) -> None:  # fmt: skip
     """Serve the JSON API (/api, OpenAPI at /openapi.json), the inbox (/) and /metrics of the
     App at MODULE:APP. Users and their tokens: `tether users add NAME`. Set
@@ -121,4 +123,5 @@ def serve(
     click.echo(f"tether serve: http://{host}:{port}/ on {app.url}", err=True)
     asyncio.run(run_server(app, host, port, worker=worker, secure=secure_cookies,
                            origins=origins, idle=timedelta(minutes=session_idle),
-                           forwarded_allow_ips=forwarded_allow_ips))  # fmt: skip
+                           forwarded_allow_ips=forwarded_allow_ips,
+                           log_format=log_format))  # fmt: skip

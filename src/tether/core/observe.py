@@ -10,6 +10,12 @@ Observers receive identifiers (run id, workflow, step and checkpoint names, atte
 arguments or results; a failure comes as its exception so that its type can be named, but its
 message may hold payloads and must not be exported.
 
+A run is started under a trace context (W3C traceparent and tracestate): the caller's current
+span, as an observer that knows spans reads it (`trace_context`), else one handed in from
+outside (`given_trace`: the traceparent header of POST /api/runs). It is stored with the run,
+and the runner sets `run_trace` in the run's task before `run_started`, so a run span can name
+its parent. Checked here (`valid_trace`); a malformed one is dropped, as W3C asks.
+
 `engine.observer` is None unless something watches: the hot path then pays one attribute
 lookup and a comparison per run and per step attempt. Observers run in the event loop and must
 not block; one that raises is logged and skipped (Guarded), never fails a run.
@@ -17,10 +23,28 @@ not block; one that raises is logged and skipped (Guarded), never fails a run.
 
 from __future__ import annotations
 
+import json
 import logging
+import re
+from collections.abc import Mapping
+from contextvars import ContextVar
 from enum import StrEnum
+from types import MappingProxyType
 
 log = logging.getLogger("tether.observe")
+
+NO_TRACE: Mapping[str, str] = MappingProxyType({})
+# The trace context of the run executed in this task (set by the runner), for run spans.
+run_trace: ContextVar[Mapping[str, str]] = ContextVar("tether_run_trace", default=NO_TRACE)
+# A trace context handed in for the runs started in this context (a request's traceparent).
+given_trace: ContextVar[Mapping[str, str]] = ContextVar("tether_given_trace", default=NO_TRACE)
+
+# W3C Trace Context, level 1: version-traceid-parentid-flags in lowercase hex; a version other
+# than 00 (never ff) may add fields after a dash.
+_TRACEPARENT = re.compile(
+    r"(?!ff)[0-9a-f]{2}-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+)
+_TRACESTATE = re.compile(r"[\x20-\x7e]{0,512}")  # printable ASCII, at most 512 characters
 
 
 class RunOutcome(StrEnum):
@@ -77,6 +101,49 @@ class Observer:
         engine's clock (for an interrupted one, until now). Its outcome is recorded by the
         time this is called, unless it was interrupted."""
 
+    def trace_context(self) -> Mapping[str, str] | None:
+        """The trace context (traceparent, tracestate) of the caller's current span, to store
+        with a run it starts now; None when this observer knows no spans or none is current."""
+        return None
+
+
+def valid_trace(carrier: Mapping[str, str]) -> dict[str, str]:
+    """The W3C trace context in `carrier` ({} when it has no valid traceparent; a malformed
+    tracestate is dropped and the traceparent kept, as the specification asks)."""
+    parent = carrier.get("traceparent")
+    if not isinstance(parent, str):
+        return {}
+    parent = parent.strip()
+    version = parent[:2]
+    if not _TRACEPARENT.match(parent) or (
+        len(parent) != 55 if version == "00" else len(parent) > 55 and parent[55] != "-"
+    ):
+        return {}
+    found = {"traceparent": parent}
+    state = carrier.get("tracestate")
+    if isinstance(state, str) and state.strip() and _TRACESTATE.fullmatch(state.strip()):
+        found["tracestate"] = state.strip()
+    return found
+
+
+def trace_to_record(observer: Observer | None) -> str | None:
+    """The trace context to store with a run started now, as JSON: the current span's (when
+    an observer knows spans), else the one given to this context; None without either."""
+    current = observer.trace_context() if observer is not None else None
+    found = valid_trace(current or given_trace.get())
+    return json.dumps(found, sort_keys=True) if found else None
+
+
+def recorded_trace(text: str | None) -> Mapping[str, str]:
+    """The trace context stored with a run (NO_TRACE when none was, or it is unreadable)."""
+    if not text:
+        return NO_TRACE
+    try:
+        stored = json.loads(text)
+    except ValueError:
+        return NO_TRACE
+    return valid_trace(stored) if isinstance(stored, dict) else NO_TRACE
+
 
 class Guarded(Observer):
     """One observer whose exceptions are logged and swallowed: watching must never fail a run.
@@ -122,6 +189,13 @@ class Guarded(Observer):
             except Exception:
                 log.exception("observer %r failed in step_ended", self.observer)
 
+    def trace_context(self) -> Mapping[str, str] | None:
+        try:
+            return self.observer.trace_context()
+        except Exception:
+            log.exception("observer %r failed in trace_context", self.observer)
+            return None
+
 
 _BROKEN = object()  # the state of an observer whose started call raised
 
@@ -154,6 +228,13 @@ class Observers(Observer):
         assert isinstance(state, list)
         for observer, own in zip(reversed(self.observers), reversed(state), strict=True):
             observer.step_ended(own, outcome, duration, error)
+
+    def trace_context(self) -> Mapping[str, str] | None:
+        for observer in self.observers:
+            found = observer.trace_context()
+            if found:
+                return found
+        return None
 
 
 def combine(current: Observer | None, added: Observer) -> Guarded | Observers:

@@ -23,7 +23,7 @@ from typing import Any
 from tether.core.context import _RUN
 from tether.core.engine import Engine
 from tether.core.execution import MISSING, RunContext, retry_store
-from tether.core.observe import RunOutcome
+from tether.core.observe import RunOutcome, recorded_trace, run_trace
 from tether.core.positions import _FRAME, install, internal
 from tether.core.signals import Abandon, ReplayNow, Signal, Suspend
 from tether.core.workflow import Workflow
@@ -65,6 +65,7 @@ class Runner:
         self.ctx: RunContext | None = None  # the workflow's context while it executes
         self.adopted = False  # its worker claimed the run again and it went on (adopt)
         self.lost: LeaseLost | None = None  # a write of this execution was fenced off
+        self.stopped_by: BaseException | None = None  # why stop() was called, if it says
         self.releasing = False  # it is giving the run back (finish, suspend): leases go with it
 
     def request_cancel(self) -> None:
@@ -82,9 +83,11 @@ class Runner:
         if self.ctx is not None:
             self.ctx.lease = lease
 
-    def stop(self) -> None:
-        """Stop executing without ending the run (worker shutdown, lost lease)."""
+    def stop(self, reason: BaseException | None = None) -> None:
+        """Stop executing without ending the run (worker shutdown, lost lease); `reason` is
+        what the observer is told stopped it (a LeaseLost the heartbeat found)."""
         self.stopping = True
+        self.stopped_by = reason
         if self.task is not None:
             self.task.cancel()
 
@@ -93,6 +96,7 @@ class Runner:
         observer = self.engine.observer
         watch = None
         if observer is not None:
+            run_trace.set(recorded_trace(self.record.trace_context))  # this task's own context
             watch = observer.run_started(run_id, self.record.workflow, self.lease.epoch)
         stopped: BaseException | None = None  # what stopped this execution short, if anything
         try:
@@ -113,7 +117,7 @@ class Runner:
             await self._failed_execution(exc)
         finally:
             if observer is not None:
-                observer.run_ended(watch, self.outcome, stopped or self.failure)
+                observer.run_ended(watch, self.outcome, self.stopped_by or stopped or self.failure)
             self.engine.run_ended(run_id, self.final)
 
     async def _run(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any, Generic, TypeVar
 from tether.core.context import current_run
 from tether.core.engine import Engine
 from tether.core.execution import RunContext, arguments
+from tether.core.observe import trace_to_record
 from tether.core.waits import ChildWait, join
 from tether.core.workflow import Named, Workflow
 from tether.errors import ConfigurationError, IdempotencyConflict
@@ -58,7 +59,8 @@ async def create_run(
         worker = None
     record, created = await engine.store.create_run(
         NewRun(run_id, wf.name, text, deadline, parent_id=parent_id, queue=wf.queue,
-               priority=priority, dedup_key=dedup_key, started_by=started_by), now,
+               priority=priority, dedup_key=dedup_key, started_by=started_by,
+               trace_context=trace_to_record(engine.observer)), now,
         owner=worker.id if worker else None,
         lease_until=now + engine.settings.lease_duration if worker else None,
         version=worker.version if worker else None,

@@ -23,7 +23,7 @@ from tether.core.lease import dead_here, this_worker
 from tether.core.runner import Runner
 from tether.core.signals import Suspend
 from tether.core.versions import declared_version
-from tether.errors import ConfigurationError
+from tether.errors import ConfigurationError, LeaseLost
 from tether.serde import encode_error
 from tether.store.port import Checkpoint, HeartbeatReply, Lease, RunRecord
 
@@ -365,7 +365,12 @@ class Worker:
             if (runner is not None and not runner.releasing
                     and runner.lease.epoch == epochs.get(run_id)):  # fmt: skip
                 log.warning("lost the lease on run %r; stopped executing it", run_id)
-                runner.stop()
+                runner.stop(
+                    LeaseLost(
+                        f"worker {self.id!r} lost the lease on run {run_id!r} at epoch "
+                        f"{runner.lease.epoch}: its heartbeat found the run taken over or ended"
+                    )
+                )
         for run_id in reply.cancel:
             self.cancel(run_id)
         if reply.unknown and not self._stopped and self._register is None:

@@ -12,13 +12,14 @@ does the work.
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.app import App
 from tether.approvals.model import Approval
+from tether.core.observe import given_trace, valid_trace
 from tether.core.values import check_value_key
 from tether.core.workflow import Named
 from tether.errors import (
@@ -250,7 +251,13 @@ def _start_route(router: APIRouter, app: App) -> None:
                    409: {"model": Problem, "description": "The id is taken by a run of another "
                                                           "workflow or with other arguments"}},
     )  # fmt: skip
-    async def start_run(body: StartIn, user: CurrentUser) -> JSONResponse:
+    async def start_run(
+        body: StartIn, user: CurrentUser,
+        traceparent: Annotated[str | None, Header(
+            max_length=512, description="W3C Trace Context of the caller's span: the run's "
+            "spans become its children (a malformed one is ignored)")] = None,
+        tracestate: Annotated[str | None, Header(max_length=512)] = None,
+    ) -> JSONResponse:  # fmt: skip
         if not STARTERS & user.groups:
             raise HTTPException(403, "only groups admin and starter may start runs")
         options = sorted(START_OPTIONS & body.kwargs.keys())
@@ -266,6 +273,8 @@ def _start_route(router: APIRouter, app: App) -> None:
                 existed = True
             except RunNotFound:
                 pass
+        given = valid_trace({"traceparent": traceparent or "", "tracestate": tracestate or ""})
+        traced = given_trace.set(given)  # for this request's start alone
         try:
             handle = await app.start(target, *body.args, id=body.id, started_by=user.name,
                                      **body.kwargs)  # fmt: skip
@@ -278,6 +287,8 @@ def _start_route(router: APIRouter, app: App) -> None:
             raise HTTPException(409, str(exc)) from None
         except (ConfigurationError, SerializationError) as exc:
             raise HTTPException(422, str(exc)) from None
+        finally:
+            given_trace.reset(traced)
         # Two requests with one new id may both answer 201: it is the same run either way.
         status = 200 if existed else 201
         return JSONResponse(run_json(await handle.info()), status_code=status)

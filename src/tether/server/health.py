@@ -91,10 +91,19 @@ class _Embedded(uvicorn.Server):
         yield
 
 
-@contextlib.asynccontextmanager
-async def probe_server(app: App, host: str, port: int) -> AsyncIterator[uvicorn.Server]:
+def probe_server(app: App, host: str, port: int) -> contextlib.AbstractAsyncContextManager[None]:
     """Serve the probes of `app` on host:port until the block ends (`tether worker
     --health-port`); ConfigurationError when the port cannot be bound."""
+    return embedded_server(Probes(None, app), host, port, "the health probes", "--health")
+
+
+@contextlib.asynccontextmanager
+async def embedded_server(
+    asgi: ASGIApp, host: str, port: int, what: str, option: str
+) -> AsyncIterator[None]:
+    """Serve `asgi` on host:port inside this process until the block ends; ConfigurationError
+    naming `what` and the CLI options `{option}-port`/`{option}-host` when the port cannot be
+    bound."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:  # bound here, so that a port in use is an OSError saying so, not uvicorn's exit
@@ -103,10 +112,10 @@ async def probe_server(app: App, host: str, port: int) -> AsyncIterator[uvicorn.
     except OSError as exc:
         sock.close()
         raise ConfigurationError(
-            f"cannot serve the health probes on {host}:{port} ({exc}); pick a free port with "
-            f"--health-port, or the address of one of this host's interfaces with --health-host"
+            f"cannot serve {what} on {host}:{port} ({exc}); pick a free port with "
+            f"{option}-port, or the address of one of this host's interfaces with {option}-host"
         ) from None
-    config = uvicorn.Config(Probes(None, app), log_config=None, access_log=False,
+    config = uvicorn.Config(asgi, log_config=None, access_log=False,
                             lifespan="off", server_header=False, log_level="warning")  # fmt: skip
     server = _Embedded(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -115,13 +124,13 @@ async def probe_server(app: App, host: str, port: int) -> AsyncIterator[uvicorn.
     if serving.done():
         sock.close()
         serving.result()  # its error, if any
-        raise OSError(f"the health probes on {host}:{port} stopped as they started")
+        raise OSError(f"{what} on {host}:{port} stopped as they started")
     try:
-        yield server
+        yield
     finally:
         server.should_exit = True
         await serving
         sock.close()
 
 
-__all__ = ["HEALTHZ", "READYZ", "Probes", "probe_server", "readiness"]
+__all__ = ["HEALTHZ", "READYZ", "Probes", "embedded_server", "probe_server", "readiness"]

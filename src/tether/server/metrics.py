@@ -2,20 +2,22 @@
 token of group `admin` or `metrics` (401 without a valid token, 403 for other users).
 
 Two kinds of figures. Gauges read from the database at scrape time, one consistent read
-(Store.stats), true for every process sharing the database: runs by status, pending approvals,
-the age of the oldest pending approval. Counters and a histogram of what this process executed
-(tether.telemetry.Metrics, installed when the server is made): they count the runs of the
-worker inside `tether serve`, not those of separate `tether worker` processes. The route is
-left out of the OpenAPI document. prometheus_client writes the text (escaping included).
+(Store.stats), true for every process sharing the database: runs by status, runs due by queue,
+the outbox's backlog, pending approvals, the age of the oldest pending approval. Counters and a
+histogram of what this process executed (tether.telemetry.Metrics, installed when the server
+is made): the runs of the worker inside `tether serve`, or of `tether worker --metrics-port`,
+which serves this route alone (`metrics_server`). The route is left out of the OpenAPI
+document. prometheus_client writes the text (escaping included).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from enum import StrEnum
 from typing import TypeVar
 
-from fastapi import APIRouter, HTTPException, Response
+from fastapi import APIRouter, FastAPI, HTTPException, Response
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
@@ -27,6 +29,9 @@ from prometheus_client.registry import Collector
 
 from tether.app import App
 from tether.server.api import CurrentUser
+from tether.server.auth import Auth
+from tether.server.health import Probes, embedded_server
+from tether.server.http import Hygiene
 from tether.store.port import StoreStats
 from tether.telemetry.metrics import Metrics, metrics_of
 
@@ -58,6 +63,29 @@ class Scrape(Collector):
             "Seconds since the oldest pending approval was asked (0 when none is pending).",
             value=0.0 if oldest is None else max(0.0, self.now - oldest),
         )
+        depth = GaugeMetricFamily(
+            "tether_queue_depth",
+            "Runs a worker would claim now (due, or their lease expired), by queue "
+            '(queue="" outside queues).',
+            labels=["queue"],
+        )
+        for queue, count in stats.due.items():
+            depth.add_metric([queue], count)
+        yield depth
+        outbox = GaugeMetricFamily("tether_outbox_messages", "Outbox messages not delivered, "
+                                   "by status (pending, sending, failed).",
+                                   labels=["status"])  # fmt: skip
+        for state, count in stats.outbox.items():
+            outbox.add_metric([state], count)
+        yield outbox
+        yield GaugeMetricFamily("tether_outbox_in_doubt", "Outbox messages being sent again "
+                                "after a send whose outcome is unknown.",
+                                value=stats.outbox_in_doubt)  # fmt: skip
+        yield _by_workflow("tether_runs_started", "Runs whose first execution began in this "
+                           "process, by workflow.", metrics.runs_started)  # fmt: skip
+        yield _by_workflow("tether_lease_losses", "Executions in this process stopped because "
+                           "their lease was lost (the run was taken over or ended elsewhere).",
+                           metrics.lease_losses)  # fmt: skip
         yield _counter("tether_runs_finished", "Runs this process ended, by workflow and status.",
                        ["workflow", "status"], metrics.runs_finished)  # fmt: skip
         yield _counter("tether_run_executions", "Executions of runs in this process, by workflow "
@@ -87,6 +115,13 @@ def _counter(
     return family
 
 
+def _by_workflow(name: str, doc: str, values: Mapping[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, doc, labels=["workflow"])
+    for workflow, count in sorted(values.items()):
+        family.add_metric([workflow], count)
+    return family
+
+
 def _le(bound: float) -> str:
     """A bucket bound as Prometheus writes it: `0.005`, `1.0`, `+Inf`."""
     return "+Inf" if bound == float("inf") else repr(float(bound))
@@ -100,8 +135,23 @@ def build_metrics(app: App) -> APIRouter:
     async def scrape(user: CurrentUser) -> Response:
         if not user.groups & METRICS_GROUPS:
             raise HTTPException(403, "only users of group admin or metrics may read /metrics")
-        stats = await app.engine.store.stats()
+        stats = await app.engine.store.stats(app.engine.clock.now())
         body = generate_latest(Scrape(stats, app.engine.clock.now(), metrics.snapshot()))
         return Response(body, media_type=CONTENT_TYPE)
 
     return router
+
+
+def metrics_server(
+    app: App, host: str, port: int, *, probes: bool = False
+) -> contextlib.AbstractAsyncContextManager[None]:
+    """Serve GET /metrics of `app` on host:port until the block ends (`tether worker
+    --metrics-port`), under the same token rule as on `tether serve`; with `probes`, /healthz
+    and /readyz too (the health port is the same). ConfigurationError when the port cannot be
+    bound."""
+    server = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+    server.state.auth = Auth.make(app, None, False)  # bearer tokens only: no cookie is signed
+    server.include_router(build_metrics(app))
+    server.add_middleware(Hygiene)
+    asgi = Probes(server, app) if probes else server
+    return embedded_server(asgi, host, port, "the metrics", "--metrics")

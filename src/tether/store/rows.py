@@ -159,7 +159,7 @@ CHECKPOINT_PARAMS = (
 RUN_COLUMNS = (
     "id, workflow, status, args, result, error, owner, epoch, lease_expires_at, wake_at,"
     " deadline_at, cancel_requested, created_at, updated_at, finished_at, parent_id, wake_on,"
-    " queue, priority, dedup_key, started_at, started_by, failures, version"
+    " queue, priority, dedup_key, started_at, started_by, failures, version, trace_context"
 )
 
 # What the queries of both dialects select by name ({run_columns} ...).
@@ -176,7 +176,7 @@ def run_from_row(row: Sequence[Any]) -> RunRecord:
         updated_at=row[13], finished_at=row[14], parent_id=row[15],
         wake_on=tuple(json.loads(row[16])) if row[16] else (), queue=row[17], priority=row[18],
         dedup_key=row[19], started_at=row[20], started_by=row[21], failures=row[22],
-        version=row[23],
+        version=row[23], trace_context=row[24],
     )  # fmt: skip
 
 

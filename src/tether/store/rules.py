@@ -6,7 +6,8 @@ writer's stream chunks no reset retracts. Pure functions, no I/O.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from tether.errors import DuplicateRun, LeaseLost
 from tether.store.port.runs import (
@@ -66,10 +67,26 @@ def queue_budget(limits: QueueLimits, running: int, mine: int, started: int, roo
     return max(budget, 0)
 
 
-def store_stats(by_status: Mapping[str, int], pending: int, oldest: float | None) -> StoreStats:
-    """StoreStats from a backend's counts (statuses it did not report count 0)."""
-    runs = {status: int(by_status.get(status.value, 0)) for status in RunStatus}
-    return StoreStats(runs, int(pending), None if oldest is None else float(oldest))
+OUTBOX_BACKLOG = ("pending", "sending", "failed")  # the outbox statuses stats() counts
+
+
+def store_stats(rows: Sequence[Sequence[Any]]) -> StoreStats:
+    """StoreStats from the rows of store_stats, (kind, label, count, extra); statuses and
+    outbox states that had no row count 0."""
+    by_kind: dict[str, dict[str, tuple[int, Any]]] = {}
+    for kind, label, count, extra in rows:
+        by_kind.setdefault(kind, {})[label] = (int(count), extra)
+    statuses, outbox = by_kind.get("runs", {}), by_kind.get("outbox", {})
+    runs = {status: statuses.get(status.value, (0, None))[0] for status in RunStatus}
+    ((pending, oldest),) = by_kind["approvals"].values()
+    return StoreStats(
+        runs=runs,
+        pending_approvals=pending,
+        oldest_pending_approval_at=None if oldest is None else float(oldest),
+        due={queue: n for queue, (n, _) in sorted(by_kind.get("due", {}).items())},
+        outbox={status: outbox.get(status, (0, None))[0] for status in OUTBOX_BACKLOG},
+        outbox_in_doubt=sum(int(doubt or 0) for _, doubt in outbox.values()),
+    )
 
 
 def stream_lease_lost(lease: Lease, key: str) -> LeaseLost:

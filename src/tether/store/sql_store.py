@@ -269,8 +269,8 @@ class SqlStore:
         return await self.driver.write(lambda: runs.resume_run(run_id, now, deadline_at, retry),
                                        label=f"resume_run:{run_id}")  # fmt: skip
 
-    async def stats(self) -> StoreStats:
-        return await self.driver.read(runs.stats)
+    async def stats(self, now: float) -> StoreStats:
+        return await self.driver.read(lambda: runs.stats(now))
 
     # -- checkpoints and events -------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import cast
 
 from tether.core.engine import Engine
 from tether.core.observe import Observer, RunOutcome, StepOutcome, installed
+from tether.errors import LeaseLost
 
 # Upper bounds (seconds) of the step duration buckets: from a fast local call to a slow model.
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -56,26 +57,35 @@ class Histogram:
 
 
 class Metrics(Observer):
-    """Counts of what this process executed: runs finished by workflow and status, run
-    executions by workflow and outcome (suspended, errored and abandoned ones too), step attempts by
-    step and outcome, and a histogram of step attempt durations by step (completed, retrying
-    and failed attempts; an interrupted attempt has no duration worth reporting). Keys hold
-    the outcome members themselves (StrEnum: they compare and print as their values)."""
+    """Counts of what this process executed: runs started (their first execution began here)
+    by workflow, runs finished by workflow and status, run executions by workflow and outcome
+    (suspended, errored and abandoned ones too), executions stopped by a lost lease by
+    workflow, step attempts by step and outcome, and a histogram of step attempt durations by
+    step (completed, retrying and failed attempts; an interrupted attempt has no duration worth
+    reporting). Keys hold the outcome members themselves (StrEnum: they compare and print as
+    their values)."""
 
     def __init__(self) -> None:
+        self.runs_started: dict[str, int] = {}  # by workflow
+        self.lease_losses: dict[str, int] = {}  # by workflow
         self.runs_finished: dict[tuple[str, RunOutcome], int] = {}  # (workflow, status)
         self.run_executions: dict[tuple[str, RunOutcome], int] = {}  # (workflow, outcome)
         self.step_attempts: dict[tuple[str, StepOutcome], int] = {}  # (step, outcome)
         self.step_durations: dict[str, Histogram] = {}  # by step
 
     def run_started(self, run_id: str, workflow: str, epoch: int) -> object:
+        if epoch == 1:  # the first claim: a run created claimed, or claimed once
+            self.runs_started[workflow] = self.runs_started.get(workflow, 0) + 1
         return workflow
 
     def run_ended(self, state: object, outcome: RunOutcome, error: BaseException | None) -> None:
-        key = (cast(str, state), outcome)
+        workflow = cast(str, state)
+        key = (workflow, outcome)
         self.run_executions[key] = self.run_executions.get(key, 0) + 1
         if outcome not in _GOES_ON:
             self.runs_finished[key] = self.runs_finished.get(key, 0) + 1
+        elif outcome is RunOutcome.ABANDONED and isinstance(error, LeaseLost):
+            self.lease_losses[workflow] = self.lease_losses.get(workflow, 0) + 1
 
     def step_started(
         self, run_id: str, workflow: str, step: str, name: str, attempt: int
@@ -98,6 +108,8 @@ class Metrics(Observer):
     def snapshot(self) -> Metrics:
         """A copy to read while the engine goes on counting."""
         copy = Metrics()
+        copy.runs_started = dict(self.runs_started)
+        copy.lease_losses = dict(self.lease_losses)
         copy.runs_finished = dict(self.runs_finished)
         copy.run_executions = dict(self.run_executions)
         copy.step_attempts = dict(self.step_attempts)

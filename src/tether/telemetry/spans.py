@@ -1,7 +1,10 @@
 """OpenTelemetry spans of run executions (`tether.run`) and step attempts (`tether.step`).
 
-A run span is a root span, one per execution (a run that suspends and resumes has one per
-claim); it is the current span while the workflow runs, so the step spans started in its task
+A run span is one per execution (a run that suspends and resumes has one per claim), a child
+of the span that was current where the run was started (its W3C trace context is stored with
+the run: `app.start` in a traced request, the traceparent header of POST /api/runs, a parent
+run's span for a child run), else the root of a trace of its own. It is the current span while
+the workflow runs, so the step spans started in its task
 (and in tasks it starts, which copy the context) are its children, and a step span is current
 while the step's body runs (sync bodies too: their thread gets a copy of the context), so spans
 your own code or instrumented libraries make inside a step nest under it.
@@ -19,10 +22,11 @@ attempt; turn it on where an SDK exports spans (`tether.App(telemetry=True)`, TE
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol, cast
 
 from tether.core.engine import Engine
-from tether.core.observe import Observer, RunOutcome, StepOutcome
+from tether.core.observe import Observer, RunOutcome, StepOutcome, run_trace
 from tether.errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -54,8 +58,14 @@ class Spans(Observer):
     def __init__(self, tracer_provider: TracerProvider | None = None) -> None:
         try:
             from opentelemetry import context, trace
+            from opentelemetry.trace.propagation.tracecontext import (
+                TraceContextTextMapPropagator,
+            )
         except ImportError:
             raise ConfigurationError(_MISSING) from None
+        # W3C Trace Context always, whatever propagator the process set: it is what is stored.
+        self._w3c = TraceContextTextMapPropagator()
+        self._span = trace.get_current_span
         self._attach = context.attach
         self._detach = context.detach
         self._current = trace.set_span_in_context
@@ -64,9 +74,10 @@ class Spans(Observer):
         self._tracer = trace.get_tracer("tether", tracer_provider=tracer_provider)
 
     def run_started(self, run_id: str, workflow: str, epoch: int) -> object:
+        carrier = run_trace.get()
         span = self._tracer.start_span(
             "tether.run",
-            context=self._root,
+            context=self._w3c.extract(carrier, self._root) if carrier else self._root,
             attributes={
                 "tether.run_id": run_id,
                 "tether.workflow": workflow,
@@ -100,6 +111,13 @@ class Spans(Observer):
         span, token = cast("State", state)
         self._detach(token)
         self._end(span, outcome.value, error, outcome in _FAILED_STEP)
+
+    def trace_context(self) -> Mapping[str, str] | None:
+        if not self._span().get_span_context().is_valid:
+            return None
+        carrier: dict[str, str] = {}
+        self._w3c.inject(carrier)
+        return carrier
 
     def _end(self, span: Span, outcome: str, error: BaseException | None, failed: bool) -> None:
         span.set_attribute("tether.outcome", outcome)

@@ -47,7 +47,7 @@ def new_run_params(
         "started_by": run.started_by,
         # A run created already claimed has started: rate limits count it.
         "started_at": now if owner else None, "wake_at": wake_at,
-        "version": version if owner else None,
+        "version": version if owner else None, "trace_context": run.trace_context,
     }  # fmt: skip
 
 
@@ -74,7 +74,7 @@ def create_run(
         wake_at=args["wake_at"], deadline_at=run.deadline_at,
         created_at=now, updated_at=now, parent_id=run.parent_id, queue=run.queue,
         priority=run.priority, dedup_key=run.dedup_key, started_at=now if owner else None,
-        started_by=run.started_by, version=args["version"],
+        started_by=run.started_by, version=args["version"], trace_context=run.trace_context,
     )  # fmt: skip
     return created, True
 
@@ -293,8 +293,6 @@ def resume_run(
     return run_from_row(row)
 
 
-def stats() -> Op[StoreStats]:
-    rows = yield from select("store_stats")  # one statement: one snapshot
-    by_status = {status: n for status, n, _ in rows if status is not None}
-    ((pending, oldest),) = [(n, at) for status, n, at in rows if status is None]
-    return store_stats(by_status, pending, oldest)
+def stats(now: float) -> Op[StoreStats]:
+    rows = yield from select("store_stats", now=now)  # one statement: one snapshot
+    return store_stats(rows)

@@ -76,6 +76,8 @@ class RunRecord:
     # The application version it is pinned to (docs/versions.md): only workers of that version
     # claim it. None until its first claim (or a run made before versions existed).
     version: str | None = None
+    # JSON of the W3C trace context it was started under (traceparent, tracestate), or None.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +141,7 @@ class NewRun:
     dedup_key: str | None = None  # unique among the queue's unfinished runs
     started_by: str | None = None
     wake_at: float | None = None  # created waiting until then (app.start_at); None: due now
+    trace_context: str | None = None  # JSON of the W3C trace context of the caller's span
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +184,13 @@ class StoreStats:
     runs: Mapping[RunStatus, int]  # every status, 0 when it has no run
     pending_approvals: int
     oldest_pending_approval_at: float | None  # created_at of the oldest pending approval
+    # Runs a claim would take now (due, or their lease expired), by queue ("" outside queues);
+    # only queues that have such runs.
+    due: Mapping[str, int]
+    # Outbox messages not delivered by status: "pending", "sending", "failed" (0 when none),
+    # and how many of them are in doubt (claimed again after a send of unknown outcome).
+    outbox: Mapping[str, int]
+    outbox_in_doubt: int
 
 
 class CorePort(Protocol):
@@ -393,6 +403,7 @@ class CorePort(Protocol):
         worker takes every few milliseconds. Backends that push notifications may return
         False and wake workers themselves."""
 
-    async def stats(self) -> StoreStats:
-        """How many runs have each status, how many approvals are pending and when the oldest
-        of them was created, in one consistent read (for monitoring; served by indexes)."""
+    async def stats(self, now: float) -> StoreStats:
+        """How many runs have each status, how many are due to be claimed at `now` by queue,
+        the outbox's backlog, how many approvals are pending and when the oldest of them was
+        created, in one consistent read (for monitoring; served by indexes)."""

@@ -7,10 +7,10 @@
 -- nothing: create_run tells the two apart, a schedule skips a slot's run whose key is held.
 INSERT INTO tether_runs (id, workflow, status, args, owner, epoch, lease_expires_at,
                          deadline_at, parent_id, queue, priority, dedup_key, started_by,
-                         started_at, created_at, updated_at, wake_at, version)
+                         started_at, created_at, updated_at, wake_at, version, trace_context)
 VALUES (%(id)s, %(workflow)s, %(status)s, %(args)s, %(owner)s, %(epoch)s, %(lease_expires_at)s,
         %(deadline_at)s, %(parent_id)s, %(queue)s, %(priority)s, %(dedup_key)s, %(started_by)s,
-        %(started_at)s, %(now)s, %(now)s, %(wake_at)s, %(version)s)
+        %(started_at)s, %(now)s, %(now)s, %(wake_at)s, %(version)s, %(trace_context)s)
 ON CONFLICT DO NOTHING;
 
 -- name: get_run
@@ -26,11 +26,22 @@ ORDER BY created_at DESC, id DESC
 LIMIT %(limit)s;
 
 -- name: store_stats
--- Runs by status (the status index answers it), then one row without a status: the pending
--- approvals and the creation time of the oldest. One statement, so one snapshot.
-SELECT status, count(*), NULL FROM tether_runs GROUP BY status
+-- Rows (kind, label, count, extra), one statement, so one snapshot: runs by status (the status
+-- index answers it); runs due to be claimed now by queue ('' outside queues: what a claim
+-- would take, an expired lease's too); outbox messages not delivered by status, extra: how
+-- many of them are in doubt; the pending approvals, extra: the oldest one's creation time.
+SELECT 'runs', status, count(*), NULL::double precision FROM tether_runs GROUP BY status
 UNION ALL
-SELECT NULL, count(*), min(created_at) FROM tether_approvals WHERE status = 'pending';
+SELECT 'due', coalesce(queue, ''), count(*), NULL FROM tether_runs
+WHERE (status = 'pending' AND (wake_at IS NULL OR wake_at <= %(now)s))
+   OR (status IN ('waiting', 'held') AND wake_at <= %(now)s)
+   OR (status = 'running' AND lease_expires_at < %(now)s)
+GROUP BY queue
+UNION ALL
+SELECT 'outbox', status, count(*), sum(CASE WHEN in_doubt THEN 1 ELSE 0 END) FROM tether_outbox
+WHERE status IN ('pending', 'sending', 'failed') GROUP BY status
+UNION ALL
+SELECT 'approvals', NULL, count(*), min(created_at) FROM tether_approvals WHERE status = 'pending';
 
 -- name: claim_runs
 -- Runs outside the queues that have limits. Highest priority first, then oldest.
