@@ -7,23 +7,19 @@ and the handles. It holds no execution logic and imports no backend directly.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
-from tether import streams
 from tether.agents.tools import NeedsApproval, Tool, make_tool
-from tether.approvals import manage
-from tether.approvals.manage import TrailCheck
-from tether.approvals.model import Approval, Decision, HistoryEntry, Reviewer
+from tether.approvals.manage import ApprovalsMixin
 from tether.approvals.notify import Notifier
 from tether.clock import Clock, DatabaseClock
 from tether.core.engine import Engine, Settings
 from tether.core.handle import RunHandle, RunInfo
-from tether.core.replay import ReplayOutcome, replay
+from tether.core.replay import ReplayMixin
 from tether.core.resume import resume
 from tether.core.retry import Retry
 from tether.core.start import check_run_id, create_run, new_run_id
@@ -40,7 +36,7 @@ from tether.schedules import ScheduleMixin
 from tether.serde import DEFAULT_MAX_PAYLOAD, Serde
 from tether.store import default_url, store_from_url
 from tether.store.port import QueueLimits, RunStatus, Store
-from tether.streams import check_stream_key
+from tether.streams import StreamsMixin
 from tether.values import ValuesMixin
 
 if TYPE_CHECKING:
@@ -68,9 +64,6 @@ class Rate:
             raise ConfigurationError(f"a Rate needs count >= 1 and a positive period: {self!r}")
 
 
-_PAGE = 200  # runs a replay check reads at once
-
-
 class _WorkflowDecorator:
     """What `@app.workflow(...)` with options returns; typed so the workflow keeps its types."""
 
@@ -95,7 +88,8 @@ class _StepDecorator:
         return self._register(fn)
 
 
-class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin, VersionsMixin):
+class App(ApprovalsMixin, StreamsMixin, ReplayMixin, OutboxMixin, ScheduleMixin, ValuesMixin,
+          ForkMixin, RetentionMixin, VersionsMixin):  # fmt: skip
     """A Tether application on one database: `App()` uses ./tether.db or $TETHER_DATABASE_URL."""
 
     def __init__(
@@ -459,49 +453,6 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin, Ve
             raise RunNotFound(f"no run has id {run_id!r}; check the id with `tether runs list`")
         return self._handle(run_id)
 
-    async def replay_check(
-        self,
-        *,
-        workflow: str | None = None,
-        status: RunStatus | str | None = None,
-        finished: bool = False,
-        limit: int | None = None,
-        on_progress: Callable[[int, int | None], object] | None = None,
-    ) -> list[ReplayOutcome]:
-        """Replay stored histories against the workflows registered now, executing nothing:
-        one outcome per run, newest first; `outcome.first_difference` says where one
-        diverges. By default every unfinished run (pending, running, waiting, held), however
-        many and however old; with `finished` every run, or those of one `status`; at most
-        `limit`. `on_progress(done, total)` is called after each run (total None when
-        unknown)."""
-        await self.open()
-        store = self.engine.store
-        if status is not None:
-            statuses = [RunStatus(status)]
-        else:
-            statuses = [s for s in RunStatus if finished or not s.terminal]
-        total: int | None = None
-        if workflow is None:
-            counts = (await store.stats(self.engine.clock.now())).runs
-            total = sum(counts.get(s, 0) for s in statuses)
-            total = total if limit is None else min(total, limit)
-        outcomes: list[ReplayOutcome] = []
-        before: tuple[float, str] | None = None
-        while limit is None or len(outcomes) < limit:
-            room = _PAGE if limit is None else min(_PAGE, limit - len(outcomes))
-            page = await store.list_runs(statuses=statuses, workflow=workflow, limit=room,
-                                         before=before)  # fmt: skip
-            if not page:
-                break
-            for record in page:
-                history = await store.load_history(record.id)
-                outcomes.append(await replay(self.engine, record.id, record.workflow,
-                                             record.args, history))  # fmt: skip
-                if on_progress is not None:
-                    on_progress(len(outcomes), total)
-            before = (page[-1].created_at, page[-1].id)
-        return outcomes
-
     async def list_runs(
         self,
         *,
@@ -522,115 +473,6 @@ class App(OutboxMixin, ScheduleMixin, ValuesMixin, ForkMixin, RetentionMixin, Ve
             statuses=statuses, workflow=workflow, limit=limit
         )
         return [RunInfo.of(r) for r in records]
-
-    # -- approvals ----------------------------------------------------------------------------
-
-    async def list_approvals(
-        self,
-        status: str | None = "pending",
-        *,
-        run_id: str | None = None,
-        reviewer: Reviewer | str | None = None,
-        limit: int = 100,
-    ) -> list[Approval]:
-        """Approvals, oldest first (status None: all); with `reviewer`, only those they may
-        decide."""
-        await self.open()
-        return await manage.list_approvals(self.engine, status=status, run_id=run_id,
-                                           reviewer=reviewer, limit=limit)  # fmt: skip
-
-    async def get_approval(
-        self,
-        approval_id: str,
-        *,
-        viewer: Reviewer | str | None = None,
-        channel: str = "app",
-        client: str | None = None,
-    ) -> Approval:
-        """One approval (ApprovalNotFound otherwise); a `viewer`'s first look is audited, with
-        the `channel` (app, api, inbox, cli) and `client` it came from."""
-        await self.open()
-        return await manage.get_approval(self.engine, approval_id, viewer=viewer,
-                                         channel=channel, client=client)  # fmt: skip
-
-    async def decide(
-        self,
-        approval_id: str,
-        option: str,
-        *,
-        reviewer: Reviewer | str,
-        operation_digest: str,
-        comment: str | None = None,
-        response: object = None,
-        channel: str = "app",
-        client: str | None = None,
-    ) -> Decision:
-        """Decide an approval: `operation_digest` is the digest the reviewer saw. Raises
-        ApprovalRefused (with `.reason`, audited) unless every rule holds; with a quorum, a
-        vote that does not complete it returns a Decision with status `pending`. The trail
-        records the `channel` (app, api, inbox, cli) and `client` the decision came from."""
-        await self.open()
-        return await manage.decide(self.engine, approval_id, option, reviewer=reviewer,
-                                   operation_digest=operation_digest, comment=comment,
-                                   response=response, channel=channel,
-                                   client=client)  # fmt: skip
-
-    async def cancel_approval(
-        self,
-        approval_id: str,
-        *,
-        actor: str | None = None,
-        reason: str = "cancelled",
-        channel: str = "app",
-        client: str | None = None,
-    ) -> Decision:
-        """Withdraw a pending approval; its run sees status `cancelled`. The trail records the
-        `channel` (app, api, inbox, cli) and `client` it came from."""
-        await self.open()
-        return await manage.cancel_approval(self.engine, approval_id, actor=actor,
-                                            reason=reason, channel=channel,
-                                            client=client)  # fmt: skip
-
-    async def approval_history(self, approval_id: str) -> list[HistoryEntry]:
-        """The approval's audit trail, oldest first: entries (at, event, actor, detail)."""
-        await self.open()
-        return await manage.history(self.engine, approval_id)
-
-    async def verify_approvals(self, approval_id: str | None = None) -> dict[str, list[str]]:
-        """Check approvals against their audit trails (the hash chain, the fixed fields the
-        `created` entry commits to, who decided), and find approvals deleted with their trail:
-        {approval id: problems}, an empty list when intact."""
-        await self.open()
-        return await manage.verify(self.engine, approval_id)
-
-    async def check_approvals(self, approval_id: str | None = None) -> dict[str, TrailCheck]:
-        """verify_approvals with, for each approval, whether its trail covers its fixed fields
-        (approvals made before Tether recorded that are "not covered", not broken)."""
-        await self.open()
-        return await manage.check(self.engine, approval_id)
-
-    # -- streams ------------------------------------------------------------------------------
-
-    def read_stream(
-        self, run_id: str, key: str, offset: int = 0, *, follow: bool = True
-    ) -> AsyncGenerator[tuple[int, object], None]:
-        """The run's stream `key` from `offset` on, as `(offset, chunk)` pairs and `(offset,
-        tether.StreamReset)` markers (drop the chunks at its offsets). With `follow` it waits
-        for new entries until the run ends, then stops; RunNotFound (at the first iteration)
-        for an unknown run. Close it (`contextlib.aclosing`) if you stop reading early."""
-        check_stream_key(key)
-        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
-            raise ConfigurationError(f"a stream offset is an int >= 0, not {offset!r}")
-        return self._read_stream(run_id, key, offset, follow)
-
-    async def _read_stream(
-        self, run_id: str, key: str, offset: int, follow: bool
-    ) -> AsyncGenerator[tuple[int, object], None]:
-        await self.open()
-        async with contextlib.aclosing(streams.read(self.engine, run_id, key, offset,
-                                                    follow=follow)) as entries:  # fmt: skip
-            async for entry in entries:
-                yield entry
 
 
 def _redefined(before: Callable[..., Any], after: Callable[..., Any]) -> bool:

@@ -18,6 +18,7 @@ import contextlib
 import json
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tether.core.context import StepContext, current_scope
 from tether.core.engine import Engine
@@ -294,3 +295,34 @@ def _decode(engine: Engine, entry: StreamEntry) -> object:
     if entry.kind is StreamKind.RESET:
         return StreamReset(offsets=tuple(json.loads(entry.data)), step=entry.writer)
     return engine.serde.loads(entry.data, what=f"a chunk of stream at offset {entry.offset}")
+
+
+class StreamsMixin:
+    """App.read_stream (App inherits it)."""
+
+    engine: Engine
+
+    if TYPE_CHECKING:
+
+        async def open(self) -> None: ...
+
+    def read_stream(
+        self, run_id: str, key: str, offset: int = 0, *, follow: bool = True
+    ) -> AsyncGenerator[tuple[int, object], None]:
+        """The run's stream `key` from `offset` on, as `(offset, chunk)` pairs and `(offset,
+        tether.StreamReset)` markers (drop the chunks at its offsets). With `follow` it waits
+        for new entries until the run ends, then stops; RunNotFound (at the first iteration)
+        for an unknown run. Close it (`contextlib.aclosing`) if you stop reading early."""
+        check_stream_key(key)
+        if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+            raise ConfigurationError(f"a stream offset is an int >= 0, not {offset!r}")
+        return self._read_stream(run_id, key, offset, follow)
+
+    async def _read_stream(
+        self, run_id: str, key: str, offset: int, follow: bool
+    ) -> AsyncGenerator[tuple[int, object], None]:
+        await self.open()
+        async with contextlib.aclosing(read(self.engine, run_id, key, offset,
+                                                    follow=follow)) as entries:  # fmt: skip
+            async for entry in entries:
+                yield entry

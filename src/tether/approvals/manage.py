@@ -274,3 +274,98 @@ async def verify(engine: Engine, approval_id: str | None = None) -> dict[str, li
     """Check approvals against their trails: {approval id: problems} for every approval checked
     (an empty list when the row and its trail agree), missing ones included (see `check`)."""
     return {aid: list(c.problems) for aid, c in (await check(engine, approval_id)).items()}
+
+
+class ApprovalsMixin:
+    """The App's approval methods (App inherits them): each opens the App, then calls the
+    function of the same name above."""
+
+    engine: Engine
+
+    if TYPE_CHECKING:
+
+        async def open(self) -> None: ...
+
+    async def list_approvals(
+        self,
+        status: str | None = "pending",
+        *,
+        run_id: str | None = None,
+        reviewer: Reviewer | str | None = None,
+        limit: int = 100,
+    ) -> list[Approval]:
+        """Approvals, oldest first (status None: all); with `reviewer`, only those they may
+        decide."""
+        await self.open()
+        return await list_approvals(self.engine, status=status, run_id=run_id,
+                                           reviewer=reviewer, limit=limit)  # fmt: skip
+
+    async def get_approval(
+        self,
+        approval_id: str,
+        *,
+        viewer: Reviewer | str | None = None,
+        channel: str = "app",
+        client: str | None = None,
+    ) -> Approval:
+        """One approval (ApprovalNotFound otherwise); a `viewer`'s first look is audited, with
+        the `channel` (app, api, inbox, cli) and `client` it came from."""
+        await self.open()
+        return await get_approval(self.engine, approval_id, viewer=viewer,
+                                         channel=channel, client=client)  # fmt: skip
+
+    async def decide(
+        self,
+        approval_id: str,
+        option: str,
+        *,
+        reviewer: Reviewer | str,
+        operation_digest: str,
+        comment: str | None = None,
+        response: object = None,
+        channel: str = "app",
+        client: str | None = None,
+    ) -> Decision:
+        """Decide an approval: `operation_digest` is the digest the reviewer saw. Raises
+        ApprovalRefused (with `.reason`, audited) unless every rule holds; with a quorum, a
+        vote that does not complete it returns a Decision with status `pending`. The trail
+        records the `channel` (app, api, inbox, cli) and `client` the decision came from."""
+        await self.open()
+        return await decide(self.engine, approval_id, option, reviewer=reviewer,
+                                   operation_digest=operation_digest, comment=comment,
+                                   response=response, channel=channel,
+                                   client=client)  # fmt: skip
+
+    async def cancel_approval(
+        self,
+        approval_id: str,
+        *,
+        actor: str | None = None,
+        reason: str = "cancelled",
+        channel: str = "app",
+        client: str | None = None,
+    ) -> Decision:
+        """Withdraw a pending approval; its run sees status `cancelled`. The trail records the
+        `channel` (app, api, inbox, cli) and `client` it came from."""
+        await self.open()
+        return await cancel_approval(self.engine, approval_id, actor=actor,
+                                            reason=reason, channel=channel,
+                                            client=client)  # fmt: skip
+
+    async def approval_history(self, approval_id: str) -> list[HistoryEntry]:
+        """The approval's audit trail, oldest first: entries (at, event, actor, detail)."""
+        await self.open()
+        return await history(self.engine, approval_id)
+
+    async def verify_approvals(self, approval_id: str | None = None) -> dict[str, list[str]]:
+        """Check approvals against their audit trails (the hash chain, the fixed fields the
+        `created` entry commits to, who decided), and find approvals deleted with their trail:
+        {approval id: problems}, an empty list when intact."""
+        await self.open()
+        return await verify(self.engine, approval_id)
+
+    async def check_approvals(self, approval_id: str | None = None) -> dict[str, TrailCheck]:
+        """verify_approvals with, for each approval, whether its trail covers its fixed fields
+        (approvals made before Tether recorded that are "not covered", not broken)."""
+        await self.open()
+        return await check(self.engine, approval_id)

@@ -8,7 +8,9 @@ of the history stops the replay as a success. It never writes to a store.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tether.core.context import _RUN
 from tether.core.engine import Engine
@@ -16,7 +18,7 @@ from tether.core.execution import RunContext
 from tether.core.positions import install
 from tether.core.signals import Abandon, EndOfHistory
 from tether.errors import NonDeterminismError, SerializationError
-from tether.store.port import Checkpoint, Lease
+from tether.store.port import Checkpoint, Lease, RunStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +97,59 @@ async def replay(
         if diverged is not None:
             return ReplayOutcome(run_id, workflow, diverged)
     return ReplayOutcome(run_id, workflow, None)
+
+
+_PAGE = 200  # runs a replay check reads at once
+
+
+class ReplayMixin:
+    """App.replay_check (App inherits it)."""
+
+    engine: Engine
+
+    if TYPE_CHECKING:
+
+        async def open(self) -> None: ...
+
+    async def replay_check(
+        self,
+        *,
+        workflow: str | None = None,
+        status: RunStatus | str | None = None,
+        finished: bool = False,
+        limit: int | None = None,
+        on_progress: Callable[[int, int | None], object] | None = None,
+    ) -> list[ReplayOutcome]:
+        """Replay stored histories against the workflows registered now, executing nothing:
+        one outcome per run, newest first; `outcome.first_difference` says where one
+        diverges. By default every unfinished run (pending, running, waiting, held), however
+        many and however old; with `finished` every run, or those of one `status`; at most
+        `limit`. `on_progress(done, total)` is called after each run (total None when
+        unknown)."""
+        await self.open()
+        store = self.engine.store
+        if status is not None:
+            statuses = [RunStatus(status)]
+        else:
+            statuses = [s for s in RunStatus if finished or not s.terminal]
+        total: int | None = None
+        if workflow is None:
+            counts = (await store.stats(self.engine.clock.now())).runs
+            total = sum(counts.get(s, 0) for s in statuses)
+            total = total if limit is None else min(total, limit)
+        outcomes: list[ReplayOutcome] = []
+        before: tuple[float, str] | None = None
+        while limit is None or len(outcomes) < limit:
+            room = _PAGE if limit is None else min(_PAGE, limit - len(outcomes))
+            page = await store.list_runs(statuses=statuses, workflow=workflow, limit=room,
+                                         before=before)  # fmt: skip
+            if not page:
+                break
+            for record in page:
+                history = await store.load_history(record.id)
+                outcomes.append(await replay(self.engine, record.id, record.workflow,
+                                             record.args, history))  # fmt: skip
+                if on_progress is not None:
+                    on_progress(len(outcomes), total)
+            before = (page[-1].created_at, page[-1].id)
+        return outcomes

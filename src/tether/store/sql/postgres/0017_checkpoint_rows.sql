@@ -1,0 +1,3 @@
+-- Tether schema v17 for PostgreSQL: nothing to change. On SQLite this migration moves the
+-- checkpoints out of a WITHOUT ROWID table (large results); PostgreSQL stores them out of line
+-- already (TOAST). Kept so that both dialects number their migrations alike.
