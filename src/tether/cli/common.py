@@ -55,7 +55,7 @@ class CliError(click.ClickException):
 EXTRAS = {"uvicorn": "server", "fastapi": "server", "starlette": "server", "jinja2": "server",
           "prometheus_client": "server", "psycopg": "postgres", "psycopg_pool": "postgres",
           "opentelemetry": "otel", "langgraph": "langgraph", "openai": "openai",
-          "anthropic": "anthropic", "agents": "openai-agents"}  # fmt: skip
+          "anthropic": "anthropic", "agents": "openai-agents", "authlib": "oidc"}  # fmt: skip
 
 
 class TetherGroup(click.Group):
