@@ -5,7 +5,6 @@ server for the session."""
 from __future__ import annotations
 
 import compileall
-
 import dataclasses
 import os
 import uuid

@@ -41,6 +41,8 @@ PUBLIC = {
     "Decision",
     "HistoryEntry",
     "LogNotifier",
+    "EmailNotifier",
+    "SlackNotifier",
     "Notifier",
     "Option",
     "Reviewer",

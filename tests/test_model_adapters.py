@@ -1,9 +1,10 @@
 """The model adapters with the real `openai` and `anthropic` SDKs against a local fake provider
 (an HTTP server on 127.0.0.1 that plays scripted SSE answers and records each request): text
 streams through emit, tool calls are put together from their deltas, the history and tools are
-sent in each provider's shape, usage is reported, and HTTP failures become RateLimited (with
-the Retry-After asked for), ModelError (retried) or ModelRefused (a PermanentError); then an
-agent in a workflow calls a tool and answers through OpenAIChat."""
+sent in each provider's shape, usage and the model that answered are reported, and HTTP
+failures become RateLimited (with the Retry-After asked for), ModelError (retried) or
+ModelRefused (a PermanentError); then an agent in a workflow calls a tool and answers through
+OpenAIChat, its checkpoints keeping the usage."""
 
 from __future__ import annotations
 
@@ -144,9 +145,13 @@ class Emitted(list[str]):
 # --- scripts in each provider's SSE shape ------------------------------------------------------
 
 
+# Providers answer with the model's full (dated) name, not the alias asked for.
+ANSWERED_GPT, ANSWERED_CLAUDE = "gpt-test-2025-04-14", "claude-test-20250514"
+
+
 def chunk(delta: dict[str, Any], finish: str | None = None, usage: Any = None) -> str:
     data = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-            "model": "gpt-test", "usage": usage,
+            "model": ANSWERED_GPT, "usage": usage,
             "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}  # fmt: skip
     return f"data: {json.dumps(data)}\n\n"
 
@@ -154,7 +159,7 @@ def chunk(delta: dict[str, Any], finish: str | None = None, usage: Any = None) -
 def openai_reply(*deltas: dict[str, Any], finish: str = "stop") -> Reply:
     usage = {"prompt_tokens": 21, "completion_tokens": 5, "total_tokens": 26}
     usage_chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1,
-                   "model": "gpt-test", "choices": [], "usage": usage}  # fmt: skip
+                   "model": ANSWERED_GPT, "choices": [], "usage": usage}  # fmt: skip
     events = [chunk({"role": "assistant", "content": ""})]
     events += [chunk(d) for d in deltas]
     events += [chunk({}, finish), f"data: {json.dumps(usage_chunk)}\n\n", "data: [DONE]\n\n"]
@@ -176,7 +181,7 @@ def event(data: dict[str, Any]) -> str:
 def anthropic_reply(*blocks: list[dict[str, Any]], stop: str = "end_turn") -> Reply:
     """Each block: its content_block_start's block, then its deltas."""
     message: dict[str, Any] = {"id": "msg_1", "type": "message", "role": "assistant", "content": [],
-                               "model": "claude-test", "stop_reason": None, "stop_sequence": None,
+                               "model": ANSWERED_CLAUDE, "stop_reason": None, "stop_sequence": None,
                                "usage": {"input_tokens": 33, "output_tokens": 1}}  # fmt: skip
     events = [event({"type": "message_start", "message": message})]
     for index, (start, *deltas) in enumerate(blocks):
@@ -237,6 +242,7 @@ async def test_openai_text_streams_through_emit_in_pieces_with_usage(
     assert response.text == "Hello, world"
     assert response.tool_calls == []
     assert response.usage == {"input_tokens": 21, "output_tokens": 5}
+    assert response.model == ANSWERED_GPT
     [sent] = provider.requests
     assert sent.path == "/v1/chat/completions"
     assert sent.headers["authorization"] == "Bearer sk-test"
@@ -370,6 +376,7 @@ async def test_anthropic_text_streams_with_usage_and_the_history_is_translated(
     assert emitted == ["Paris is ", "sunny; ", "Oslo has snow."]
     assert response.text == "Paris is sunny; Oslo has snow."
     assert response.usage == {"input_tokens": 33, "output_tokens": 9}
+    assert response.model == ANSWERED_CLAUDE
     [sent] = provider.requests
     assert sent.path == "/v1/messages"
     assert sent.headers["authorization"] == "Bearer sk-ant"
@@ -471,7 +478,7 @@ def test_retry_after_reads_seconds_milliseconds_and_http_dates() -> None:
 # --- end to end --------------------------------------------------------------------------------
 
 
-async def test_an_agent_in_a_workflow_calls_a_tool_then_answers_through_openai_chat(
+async def test_an_agent_calls_a_tool_through_openai_chat_and_records_usage_and_model(
     provider: FakeProvider, closing: Closer
 ) -> None:
     app = tether.App("memory://")
@@ -502,7 +509,13 @@ async def test_an_agent_in_a_workflow_calls_a_tool_then_answers_through_openai_c
         handle = await app.start(forecast, "Weather in Nice?", id="forecast")
         assert await handle.result(timeout=10) == "It is sunny in Nice."
         tokens = [entry async for _, entry in app.read_stream("forecast", "tokens")]
+        recorded = [json.loads(c.result or "null") for c in await handle.checkpoints()
+                    if c.name.startswith("agent.model")]  # fmt: skip
     assert looked_up == ["Nice"]
+    # Each model call's checkpoint keeps what the provider reported, for the transcript.
+    assert [(r["usage"], r["model"]) for r in recorded] == [
+        ({"input_tokens": 21, "output_tokens": 5}, ANSWERED_GPT)
+    ] * 2
     assert tokens == ["It is ", "sunny ", "in Nice."]
     second = provider.requests[1].body["messages"]
     assert second[-1] == {"role": "tool", "tool_call_id": "call_w", "content": "sunny in Nice"}

@@ -213,10 +213,12 @@ class _Turn:
     text: list[str] = field(default_factory=list)
     calls: dict[int, _PendingCall] = field(default_factory=dict)  # by content block index
     usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None  # as the provider answered
     stop_reason: str | None = None
 
     async def add(self, event: RawMessageStreamEvent, emit: Emit) -> None:
         if isinstance(event, RawMessageStartEvent):
+            self.model = event.message.model or None
             self.usage = {"input_tokens": event.message.usage.input_tokens,
                           "output_tokens": event.message.usage.output_tokens}  # fmt: skip
         elif isinstance(event, RawContentBlockStartEvent):
@@ -244,7 +246,7 @@ class _Turn:
             arguments = (tool_arguments(call.name, streamed, truncated=truncated)
                          if streamed.strip() else call.input)  # fmt: skip
             calls.append(ToolCall(call.name, arguments, call.id))
-        return ModelResponse("".join(self.text), calls, self.usage)
+        return ModelResponse("".join(self.text), calls, self.usage, self.model)
 
 
 __all__ = ["AnthropicMessages", "translate"]

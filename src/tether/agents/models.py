@@ -47,13 +47,20 @@ class ModelRequest:
 
 @dataclass(frozen=True, slots=True)
 class ModelResponse:
+    """A model's turn. `usage` ({"input_tokens", "output_tokens"}) and `model` (the model name
+    the provider answered with) are what the provider reported: empty or None when it did not."""
+
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"text": self.text, "tool_calls": [c.to_json() for c in self.tool_calls],
-                "usage": self.usage}  # fmt: skip
+        data: dict[str, Any] = {"text": self.text, "tool_calls": [c.to_json() for c in
+                                self.tool_calls], "usage": self.usage}  # fmt: skip
+        if self.model is not None:  # absent rather than null: a scripted turn records as before
+            data["model"] = self.model
+        return data
 
 
 @runtime_checkable
@@ -113,9 +120,12 @@ class Scripted:
 
 
 def response_from_json(data: dict[str, Any]) -> ModelResponse:
+    """A recorded turn; any shape recorded before (no `usage`, no `model`) reads too."""
     calls = [ToolCall(c["name"], dict(c.get("arguments") or {}), c.get("id"))
              for c in data.get("tool_calls") or []]  # fmt: skip
-    return ModelResponse(str(data.get("text") or ""), calls, dict(data.get("usage") or {}))
+    model = data.get("model")
+    return ModelResponse(str(data.get("text") or ""), calls, dict(data.get("usage") or {}),
+                         model if isinstance(model, str) else None)  # fmt: skip
 
 
 def assistant_message(response: ModelResponse) -> dict[str, Any]:

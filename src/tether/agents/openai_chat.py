@@ -124,6 +124,7 @@ class OpenAIChat:
             )
             async with stream:
                 async for chunk in stream:
+                    turn.model = chunk.model or turn.model
                     if chunk.usage is not None:
                         turn.usage = {"input_tokens": chunk.usage.prompt_tokens,
                                       "output_tokens": chunk.usage.completion_tokens}  # fmt: skip
@@ -155,6 +156,7 @@ class _Turn:
     text: list[str] = field(default_factory=list)
     calls: dict[int, _PendingCall] = field(default_factory=dict)  # by the delta's index
     usage: dict[str, int] = field(default_factory=dict)
+    model: str | None = None  # as the provider answered (a dated name, often)
     finish_reason: str | None = None
 
     async def add(self, choice: Choice, emit: Emit) -> None:
@@ -178,7 +180,7 @@ class _Turn:
                      c.id or f"call_{index}")
             for index, c in sorted(self.calls.items())
         ]  # fmt: skip
-        return ModelResponse("".join(self.text), calls, self.usage)
+        return ModelResponse("".join(self.text), calls, self.usage, self.model)
 
 
 def _message(message: dict[str, Any]) -> ChatCompletionMessageParam:

@@ -30,6 +30,9 @@ POOL = 16  # connections kept open per owner
 # that the first one's collection removes): httpx logs each request's URL at INFO, credentials
 # and query included; its records of these URLs are shown without them (_Masked).
 _SENT: weakref.WeakValueDictionary[int, httpx.URL] = weakref.WeakValueDictionary()
+# What a caller asked its URL to be called instead of `shown(url)` (a Slack webhook's secret is
+# its path), by the same identity, for the length of its request only.
+_CALLED: dict[int, str] = {}
 
 
 class _Masked(logging.Filter):
@@ -38,7 +41,8 @@ class _Masked(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         if isinstance(args, tuple) and len(args) >= 2 and _SENT.get(id(args[1])) is args[1]:
-            record.args = (args[0], shown(str(args[1])), *args[2:])
+            called = _CALLED.get(id(args[1])) or shown(str(args[1]))
+            record.args = (args[0], called, *args[2:])
         return True
 
 
@@ -121,11 +125,14 @@ class Client:
         *,
         timeout: float,
         retryable_4xx: Collection[int],
+        called: str | None = None,
     ) -> int:
-        """POST `body` to `url`; the status if 2xx, else raises (see the module docstring)."""
+        """POST `body` to `url`; the status if 2xx, else raises (see the module docstring).
+        `called` names the URL in logs and errors instead of `shown(url)`, for a URL whose path
+        is the secret."""
         import httpx
 
-        where = shown(url)
+        where = called or shown(url)
         limits = httpx.Timeout(timeout, connect=min(CONNECT_TIMEOUT, timeout))
         client = self._client()
         try:
@@ -133,7 +140,12 @@ class Client:
                 "POST", url, content=body, headers=dict(headers), timeout=limits
             )
             _SENT[id(request.url)] = request.url
-            response = await client.send(request, stream=True)
+            if called is not None:
+                _CALLED[id(request.url)] = called
+            try:
+                response = await client.send(request, stream=True)
+            finally:
+                _CALLED.pop(id(request.url), None)
             try:
                 read = 0
                 async for chunk in response.aiter_raw():  # drained, so the connection is reused
