@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import importlib
 import json
+import os
 import re
 import signal
 import subprocess
@@ -771,3 +772,33 @@ def test_resume_prints_json_when_asked(tmp_path: Path) -> None:
     resumed = invoke("runs", "resume", "bad-run", "--json", "-d", url)
     assert resumed.exit_code == 0, resumed.output
     assert json.loads(resumed.stdout) == {"id": "bad-run", "status": "pending"}
+
+
+def test_serve_public_url_reaches_the_apps_notifiers_and_is_the_origin(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "mailapp.py").write_text(
+        "import tether\n"
+        f"app = tether.App('sqlite:///{tmp_path}/t.db', notifiers=[tether.SlackNotifier("
+        "'https://hooks.example.invalid/T0/B0/secret')])\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TETHER_PUBLIC_URL", "")  # whatever serve sets is undone after the test
+    monkeypatch.delenv("TETHER_PUBLIC_URL")
+    seen: dict[str, object] = {}
+
+    async def fake_run_server(app: tether.App, *args: object, **kwargs: object) -> None:
+        seen["origins"] = kwargs["origins"]
+        seen["link"] = app.engine.notifiers[0].public_url  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(sys.modules["tether.cli.serve"], "run_server", fake_run_server)
+    bad = CliRunner().invoke(cli, ["serve", "mailapp:app", "--public-url", "ftp://x"], env=ENV)
+    assert bad.exit_code == 2
+    assert "not an http(s) address of a host" in bad.output
+    assert "TETHER_PUBLIC_URL" not in os.environ
+    good = CliRunner().invoke(
+        cli, ["serve", "mailapp:app", "--public-url", "https://tether.example.com/"], env=ENV
+    )
+    assert good.exit_code == 0, good.output
+    assert seen == {"origins": ("https://tether.example.com",),
+                    "link": "https://tether.example.com"}  # fmt: skip

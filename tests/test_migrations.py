@@ -24,8 +24,8 @@ EXPECTED_SQLITE_TABLES = {
     "tether_sessions",
 }  # fmt: skip
 # 0: the file's versions are numbered like PostgreSQL's (the same files in both dialects).
-SQLITE_VERSIONS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
-POSTGRES_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]
+SQLITE_VERSIONS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
+POSTGRES_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
 GOLDEN = Path(__file__).parent / "golden"
 
 

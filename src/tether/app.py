@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast, overload
 
@@ -18,7 +18,7 @@ from tether.approvals.manage import ApprovalsMixin
 from tether.approvals.notify import Notifier
 from tether.clock import Clock, DatabaseClock
 from tether.core.engine import Engine, Settings
-from tether.core.handle import RunHandle, RunInfo
+from tether.core.handle import RunHandle, RunInfo, read_cursor
 from tether.core.replay import ReplayMixin
 from tether.core.resume import resume
 from tether.core.retry import Retry
@@ -456,11 +456,22 @@ class App(ApprovalsMixin, StreamsMixin, ReplayMixin, OutboxMixin, ScheduleMixin,
     async def list_runs(
         self,
         *,
-        status: RunStatus | str | list[RunStatus | str] | None = None,
+        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
         workflow: str | None = None,
         limit: int = 100,
+        queue: str | None = None,
+        version: str | None = None,
+        started_by: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        id_prefix: str | None = None,
+        cursor: str | None = None,
     ) -> list[RunInfo]:
-        """Runs, newest first."""
+        """Runs, newest first: of any of these statuses, this workflow, queue, version and
+        starter, created at or after `since` and before `until` (aware datetimes), whose id
+        starts with `id_prefix` (literally). A page of at most `limit`; the `cursor` of its
+        last run (`RunInfo.cursor`) lists the next one. Raises ConfigurationError for an
+        unknown status, a naive datetime or a cursor that is not one."""
         wanted = [] if status is None else [status] if isinstance(status, str) else status
         try:
             statuses = [RunStatus(s) for s in wanted]
@@ -468,10 +479,21 @@ class App(ApprovalsMixin, StreamsMixin, ReplayMixin, OutboxMixin, ScheduleMixin,
             raise ConfigurationError(
                 f"unknown status in {wanted!r}; use {[s.value for s in RunStatus]}"
             ) from None
+        bounds = []
+        for name, moment in (("since", since), ("until", until)):
+            if moment is not None and moment.utcoffset() is None:
+                raise ConfigurationError(
+                    f"{name}={moment!r} has no time zone; pass an aware datetime "
+                    f"(datetime.now(timezone.utc), or one with tzinfo)"
+                )
+            bounds.append(None if moment is None else moment.timestamp())
+        before = None if cursor is None else read_cursor(cursor)
         await self.open()
         records = await self.engine.store.list_runs(
-            statuses=statuses, workflow=workflow, limit=limit
-        )
+            statuses=statuses, workflow=workflow, limit=limit, before=before, queue=queue,
+            version=version, started_by=started_by, created_after=bounds[0],
+            created_before=bounds[1], id_prefix=id_prefix or None,
+        )  # fmt: skip
         return [RunInfo.of(r) for r in records]
 
 

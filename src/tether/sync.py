@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, Coroutine, Iterator
+from collections.abc import AsyncGenerator, Coroutine, Iterator, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -174,11 +174,21 @@ class SyncApp:
     def list_runs(
         self,
         *,
-        status: RunStatus | str | list[RunStatus | str] | None = None,
+        status: RunStatus | str | Sequence[RunStatus | str] | None = None,
         workflow: str | None = None,
         limit: int = 100,
+        queue: str | None = None,
+        version: str | None = None,
+        started_by: str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        id_prefix: str | None = None,
+        cursor: str | None = None,
     ) -> list[RunInfo]:
-        return self._portal.call(self._app.list_runs(status=status, workflow=workflow, limit=limit))
+        return self._portal.call(self._app.list_runs(
+            status=status, workflow=workflow, limit=limit, queue=queue, version=version,
+            started_by=started_by, since=since, until=until, id_prefix=id_prefix, cursor=cursor,
+        ))  # fmt: skip
 
     def list_approvals(
         self, status: str | None = "pending", *, run_id: str | None = None,

@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from tether.approvals.model import Approval, Decision, HistoryEntry, Option
+from tether.clock import to_datetime
 from tether.core.handle import ForkInfo, RunInfo
 from tether.redact import redact, redact_text
 from tether.store.port import Checkpoint
@@ -104,7 +105,16 @@ def checkpoint_json(cp: Checkpoint) -> dict[str, Any]:
         "status": str(cp.status), "attempts": cp.attempts, "duration_ms": duration,
         "arguments": stored(cp.args), "result": stored(cp.result),
         "error": stored_error(cp.error),
+        # The times a timeline is drawn from: the attempt's start and end, and a retrying
+        # step's next attempt (an at-most-once marker's timeout, a wait's deadline).
+        "started_at": moment(cp.started_at), "finished_at": moment(cp.finished_at),
+        "retry_at": moment(cp.retry_at),
     }  # fmt: skip
+
+
+def moment(seconds: float | None) -> str | None:
+    """A stored time (seconds since the epoch) in ISO 8601, UTC."""
+    return None if seconds is None else iso(to_datetime(seconds))
 
 
 def stored(text: str | None) -> Any:

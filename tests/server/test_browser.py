@@ -197,3 +197,41 @@ async def test_a_run_pages_live_output_shows_invisible_characters_spelled_out(
     output = page.locator("#run-stream .stream-text")
     await expect(output).to_have_text("pay <U+202E>gpj.exe<U+200B><U+001B>[2J", timeout=WAIT_MS)
     assert problems == []
+
+
+async def test_a_reviewer_signs_in_with_openid_connect_and_lands_signed_in(
+    app: tether.App, browser: Browser, problems: list[str]
+) -> None:
+    """The provider on another site (localhost, Tether on 127.0.0.1): the callback's page
+    moves on same-site, so the SameSite=Strict session cookie goes with the next request."""
+    from tests.server.issuer import CLIENT_ID, CLIENT_SECRET, issuing
+    from tests.server.kit import SECRET, serving
+
+    from tether.server import OidcConfig, create_server
+    from tether.users import add_user
+
+    await add_user(app.engine, "alice@example.com", frozenset({"sre"}))
+    async with issuing() as issuer:
+        issuer.url = issuer.url.replace("127.0.0.1", "localhost")
+        issuer.claims = {"email": "alice@example.com", "email_verified": True}
+        issuer.interactive = True  # the way back starts on the provider's page: cross-site
+        oidc = OidcConfig(issuer.url, CLIENT_ID, CLIENT_SECRET, name="Example SSO")
+        async with serving(create_server(app, secret=SECRET, oidc=oidc)) as live:
+            context = await browser.new_context(base_url=live.url)
+            page = await context.new_page()
+
+            def note(message: ConsoleMessage) -> None:  # Tether's pages, not the provider's
+                if message.type == "error" and message.location["url"].startswith(live.url):
+                    problems.append(message.text)
+
+            page.on("console", note)
+            try:
+                await page.goto("/runs")  # signed out: to the sign-in page, next=/runs
+                await page.click("#signin-oidc")
+                await page.click("#consent")
+                await page.wait_for_selector("h1:text('Runs')", timeout=WAIT_MS)
+                assert page.url == f"{live.url}/runs"
+                await expect(page.locator(".who-name")).to_have_text("alice@example.com")
+            finally:
+                await context.close()
+    assert problems == []

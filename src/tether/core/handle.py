@@ -7,9 +7,12 @@ fallback for runs that another process executes. It never executes or writes che
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import contextlib
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar, cast
@@ -17,7 +20,14 @@ from typing import Any, Generic, TypeVar, cast
 from tether.clock import to_datetime
 from tether.core.engine import Engine
 from tether.core.runner import CANCELLED_ERROR
-from tether.errors import RunCancelled, RunDead, RunFailed, RunNotFound, WaitTimeout
+from tether.errors import (
+    ConfigurationError,
+    RunCancelled,
+    RunDead,
+    RunFailed,
+    RunNotFound,
+    WaitTimeout,
+)
 from tether.store.port import Checkpoint, RunRecord, RunStatus
 from tether.store.port.values import ForkRecord
 
@@ -59,6 +69,8 @@ class RunInfo:
     # Where the run was forked from, if it is a fork: filled by `handle.info()` (listings
     # leave it None, to read one row per run).
     fork: ForkInfo | None = None
+    # Where a listing goes on after this run: `app.list_runs(cursor=...)` lists older ones.
+    cursor: str = ""
 
     @classmethod
     def of(cls, record: RunRecord) -> RunInfo:
@@ -73,7 +85,34 @@ class RunInfo:
             owner=record.owner,
             attempt=record.epoch,
             failures=record.failures,
+            cursor=page_cursor(record.created_at, record.id),
         )
+
+
+# A listing's cursor: base64url (unpadded) of the JSON [created_at, id] of the last run of a
+# page. The float itself, not the datetime shown (microseconds would lose ties' order).
+
+
+def page_cursor(created_at: float, run_id: str) -> str:
+    """The opaque cursor of the page after the run (created_at, run_id)."""
+    text = json.dumps([created_at, run_id], separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+
+def read_cursor(cursor: str) -> tuple[float, str]:
+    """(created_at, id) of a cursor that page_cursor made; ConfigurationError otherwise."""
+    try:
+        text = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        created_at, run_id = json.loads(text)
+    except (binascii.Error, UnicodeDecodeError, ValueError, TypeError):
+        created_at = run_id = None
+    number = isinstance(created_at, int | float) and not isinstance(created_at, bool)
+    if not (number and math.isfinite(created_at) and isinstance(run_id, str)):
+        raise ConfigurationError(
+            f"invalid cursor {cursor[:80]!r}: a cursor is the `cursor` of a listed run (the "
+            f"X-Next-Cursor of a page of GET /api/runs), passed back unchanged"
+        )
+    return float(created_at), run_id
 
 
 class RunHandle(Generic[R]):

@@ -10,15 +10,28 @@ does the work.
 """
 
 import json
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, HTTPException, Path, Query, Request
+from fastapi import (
+    APIRouter,
+    Body,
+    Depends,
+    Header,
+    HTTPException,
+    Path,
+    Query,
+    Request,
+    Response,
+)
 from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.app import App
 from tether.approvals.model import Approval
+from tether.core.handle import RunInfo
 from tether.core.observe import given_trace, valid_trace
 from tether.core.values import check_value_key
 from tether.core.workflow import Named
@@ -173,6 +186,67 @@ async def current_user(request: Request) -> User:
 CurrentUser = Annotated[User, Depends(current_user)]
 
 
+PAGE_HEADERS = {
+    "Link": {"description": 'The next page: `</api/runs?...&cursor=...>; rel="next"`',
+             "schema": {"type": "string"}},
+    "X-Next-Cursor": {"description": "The `cursor` of the next page", "schema": {"type": "string"}},
+}  # fmt: skip
+SCAN_PAGES = 10  # pages a reviewer's listing reads at most for one answer (runs not theirs)
+
+
+@dataclass(frozen=True, slots=True)
+class RunFilters:
+    """What GET /api/runs filters by: App.list_runs's keywords."""
+
+    status: list[RunStatus] | None = None
+    workflow: str | None = None
+    queue: str | None = None
+    version: str | None = None
+    started_by: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+    id_prefix: str | None = None
+
+
+def utc(moment: datetime | None) -> datetime | None:
+    """A query's datetime, one without a zone read as UTC."""
+    if moment is None or moment.utcoffset() is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
+
+
+async def admin_page(
+    app: App, filters: RunFilters, limit: int, cursor: str | None
+) -> tuple[list[RunInfo], str | None]:
+    """A page of runs and the cursor of the next (None: this is the last); one run more is
+    read to know."""
+    runs = await app.list_runs(**asdict(filters), limit=limit + 1, cursor=cursor)
+    return runs[:limit], runs[limit - 1].cursor if len(runs) > limit else None
+
+
+async def reviewer_page(
+    app: App, user: User, filters: RunFilters, limit: int, cursor: str | None
+) -> tuple[list[RunInfo], str | None]:
+    """A page of the runs this user has approvals on: pages of all runs are read and filtered,
+    up to SCAN_PAGES of them; the cursor goes on after the last run read, so a page may hold
+    fewer than `limit` runs (even none) with more after it."""
+    mine = {a.run_id for a in await app.list_approvals(None, reviewer=user.reviewer,
+                                                      limit=10_000)}  # fmt: skip
+    shown: list[RunInfo] = []
+    batch = max(limit, 200)
+    for _ in range(SCAN_PAGES):
+        runs = await app.list_runs(**asdict(filters), limit=batch, cursor=cursor)
+        for run in runs:
+            cursor = run.cursor
+            if run.id in mine:
+                shown.append(run)
+                if len(shown) == limit:
+                    return shown, cursor
+        if len(runs) < batch:
+            return shown, None  # no run after these
+    return shown, cursor
+
+
 def build_router(app: App) -> APIRouter:
     router = APIRouter(prefix="/api", route_class=StrictRoute, responses=ERRORS)
     access = Access(app)
@@ -186,18 +260,47 @@ def build_router(app: App) -> APIRouter:
 def _run_routes(router: APIRouter, app: App, access: Access) -> None:
     _start_route(router, app)
 
-    @router.get("/runs", summary="List runs, newest first")
+    @router.get(
+        "/runs",
+        summary="List runs, newest first (filters; a page, and the cursor of the next)",
+        response_model=list[RunOut],
+        responses={200: {"description": "A page of runs; with more after it, the headers name "
+                                        "the next page", "headers": PAGE_HEADERS}},
+    )  # fmt: skip
     async def list_runs(
         user: CurrentUser,
-        status: Annotated[RunStatus | None, Query()] = None,
+        request: Request,
+        response: Response,
+        status: Annotated[list[RunStatus] | None, Query(
+            description="Runs of any of these statuses (repeat the parameter)")] = None,
         workflow: Annotated[str | None, Query(max_length=200)] = None,
+        queue: Annotated[str | None, Query(max_length=128)] = None,
+        version: Annotated[str | None, Query(max_length=200)] = None,
+        started_by: Annotated[str | None, Query(max_length=200)] = None,
+        since: Annotated[datetime | None, Query(
+            description="Created at or after (ISO 8601; without a zone: UTC)")] = None,
+        until: Annotated[datetime | None, Query(
+            description="Created before (ISO 8601; without a zone: UTC)")] = None,
+        q: Annotated[str | None, Query(max_length=512,
+                                       description="The start of the run's id")] = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    ) -> list[dict[str, Any]]:
-        runs = await app.list_runs(status=status, workflow=workflow, limit=limit)
-        if not user.is_admin:
-            mine = {a.run_id for a in await app.list_approvals(None, reviewer=user.reviewer,
-                                                                  limit=10_000)}  # fmt: skip
-            runs = [r for r in runs if r.id in mine]
+        cursor: Annotated[str | None, Query(max_length=2048, description="X-Next-Cursor of "
+                                            "the previous page")] = None,
+    ) -> list[dict[str, Any]]:  # fmt: skip
+        filters = RunFilters(status=status, workflow=workflow, queue=queue, version=version,
+                             started_by=started_by, since=utc(since), until=utc(until),
+                             id_prefix=q)  # fmt: skip
+        try:
+            if user.is_admin:
+                runs, after = await admin_page(app, filters, limit, cursor)
+            else:
+                runs, after = await reviewer_page(app, user, filters, limit, cursor)
+        except ConfigurationError as exc:  # a cursor that is not one
+            raise HTTPException(422, str(exc)) from None
+        if after is not None:
+            following = request.url.include_query_params(cursor=after)
+            response.headers["Link"] = f'<{following.path}?{following.query}>; rel="next"'
+            response.headers["X-Next-Cursor"] = after
         return [run_json(r) for r in runs]
 
     @router.get("/runs/{run_id}", summary="A run with its steps and approvals")

@@ -1,22 +1,27 @@
-"""Who is asking: bearer tokens for the API, server-side sessions for the inbox, the CSRF token
-every inbox form carries, and the throttle on failed sign-ins and bad tokens.
+"""Who is asking: bearer tokens for the API, server-side sessions for the inbox (opened by a
+token or by OpenID Connect), a trusted login proxy's header, the CSRF token every inbox form
+carries, and the throttle on failed sign-ins and bad tokens.
 
-A session cookie holds only a random session id, signed with the server's secret; the database
-keeps the id's SHA-256 with the user, and every request checks it there: sign-out ends the
-session at once, revoking the user ends all of theirs, and a session ends after IDLE_SECONDS
-without a request or SESSION_SECONDS in all. Nothing here decides what a user may see or do;
-the routes do. Tokens and session ids are never logged.
+A session cookie holds a random session id (and, when the identity provider gives the groups,
+those groups), signed with the server's secret; the database keeps the id's SHA-256 with the
+user, and every request checks it there: sign-out ends the session at once, revoking the user
+ends all of theirs, and a session ends after IDLE_SECONDS without a request or SESSION_SECONDS
+in all. Nothing here decides what a user may see or do; the routes do. Tokens and session ids
+are never logged.
 """
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 import hashlib
 import hmac
+import json
 import logging
 import re
 import secrets
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fastapi import HTTPException, Request
 
@@ -27,6 +32,9 @@ from tether.store.port.users import SessionRecord
 from tether.text import visible
 from tether.users import User, authenticate, get_user
 
+if TYPE_CHECKING:
+    from tether.server.trusted import TrustedHeader
+
 SESSION_COOKIE = "tether_session"
 SESSION_SECONDS = 12 * 3600  # the absolute limit of a session
 IDLE_SECONDS = 30 * 60  # a session without a request for this long is over
@@ -36,6 +44,7 @@ REALM = 'Bearer realm="tether"'
 GENERATE = 'python -c "import secrets; print(secrets.token_urlsafe(32))"'
 _SESSION_ID = re.compile(r"[A-Za-z0-9_-]{43}")
 _HEX = re.compile(r"(?:[0-9a-fA-F]{2})+")
+_GROUPS = re.compile(r"[A-Za-z0-9_-]{1,3000}")  # the groups part of a cookie, base64url
 
 log = logging.getLogger("tether.server")
 
@@ -76,12 +85,23 @@ def too_many(wait: int) -> HTTPException:
     )
 
 
+class SignInRefused(HTTPException):
+    """A sign-in refused with a page that says why (an OIDC callback, a proxy's header naming
+    no user): the inbox renders it as its problem page, title and message escaped."""
+
+    def __init__(self, status: int, title: str, message: str) -> None:
+        super().__init__(status, message)
+        self.title = title
+
+
 @dataclass(frozen=True, slots=True)
 class Signed:
-    """A live inbox session: its user and its id (what the CSRF token is bound to)."""
+    """A live inbox session: its user and its id (what the CSRF token is bound to); `via` says
+    what opened it: a session cookie, or a trusted proxy's header on this very request."""
 
     user: User
     id: str
+    via: Literal["session", "header"] = "session"
 
 
 @dataclass(slots=True)
@@ -92,6 +112,7 @@ class Auth:
     idle: float = IDLE_SECONDS
     lifetime: float = SESSION_SECONDS
     throttle: Throttle = field(default_factory=Throttle)
+    trusted: TrustedHeader | None = None  # a login proxy's header (off unless configured)
 
     @classmethod
     def make(
@@ -162,29 +183,54 @@ class Auth:
         user = await authenticate(self.app.engine, token)
         if user is None:
             return None
+        return user, await self.start_session(user)
+
+    async def start_session(self, user: User, groups: frozenset[str] | None = None) -> str:
+        """A new session of `user` (who proved who they are), as its cookie's value. `groups`,
+        from an identity provider, replace the user's own for this session: they travel in
+        the cookie, under its signature, so every server process sharing the secret agrees."""
         session_id = secrets.token_urlsafe(32)
         now = self.now()
         record = SessionRecord(_hash(session_id), user.name, now, now, now + self.lifetime,
                                self.idle)  # fmt: skip
         await self.app.engine.store.create_session(record, now)
-        return user, f"{session_id}.{self._sign(b'session:' + session_id.encode())}"
+        payload = session_id
+        if groups is not None:
+            packed = json.dumps(sorted(groups), separators=(",", ":")).encode()
+            payload += "." + base64.urlsafe_b64encode(packed).decode().rstrip("=")
+        return f"{payload}.{self._sign(b'session:' + payload.encode())}"
 
-    def _session_id(self, request: Request) -> str | None:
-        """The session id of the request's cookie if its signature holds."""
+    def _session_id(self, request: Request) -> tuple[str, frozenset[str] | None] | None:
+        """The session id of the request's cookie, with the groups it carries (None: the
+        user's own), if its signature holds."""
         cookie = request.cookies.get(SESSION_COOKIE, "")
-        session_id, _, signature = cookie.partition(".")
-        if not _SESSION_ID.fullmatch(session_id):
+        payload, _, signature = cookie.rpartition(".")
+        session_id, dot, packed = payload.partition(".")
+        if not _SESSION_ID.fullmatch(session_id) or (dot and not _GROUPS.fullmatch(packed)):
             return None
-        if not _same(self._sign(b"session:" + session_id.encode()), signature):
+        if not _same(self._sign(b"session:" + payload.encode()), signature):
             return None
-        return session_id
+        if not dot:
+            return session_id, None
+        try:
+            names = json.loads(base64.urlsafe_b64decode(packed + "=" * (-len(packed) % 4)))
+        except ValueError:  # signed by us, so only a changed secret's format could get here
+            return None
+        return session_id, frozenset(str(n) for n in names)
 
     async def session(self, request: Request, *, touch: bool = True) -> Signed | None:
         """The request's live session, or None. `touch` counts the request as activity (the
-        live streams' polls do not: an open page alone does not keep a session alive)."""
-        session_id = self._session_id(request)
-        if session_id is None:
+        live streams' polls do not: an open page alone does not keep a session alive). A
+        trusted login proxy's header, when configured and sent by that proxy, comes first: the
+        proxy has just checked the person, a cookie may be older."""
+        if self.trusted is not None:
+            vouched = await self.trusted.user(request, self.app.engine)
+            if vouched is not None:
+                return Signed(vouched, "header:" + vouched.name, "header")
+        found_id = self._session_id(request)
+        if found_id is None:
             return None
+        session_id, groups = found_id
         store, now = self.app.engine.store, self.now()
         found = await store.get_session(_hash(session_id), now)
         if found is None:
@@ -198,14 +244,16 @@ class Auth:
             # Revoked; or a session left from before the name was given to a new user (one
             # opened while its user was being revoked), which must not come back to life.
             return None
+        if groups is not None:
+            user = dataclasses.replace(user, groups=groups)
         return Signed(user, session_id)
 
     async def end_session(self, request: Request) -> bool:
         """End the request's session (sign-out); whether there was one to end."""
-        session_id = self._session_id(request)
-        if session_id is None:
+        found = self._session_id(request)
+        if found is None:
             return False
-        return await self.app.engine.store.end_session(_hash(session_id), self.now())
+        return await self.app.engine.store.end_session(_hash(found[0]), self.now())
 
     async def still_valid(self, request: Request, via: Literal["bearer", "session"]) -> bool:
         """Whether what opened this request (its bearer token on the API, its session in the
@@ -214,7 +262,10 @@ class Auth:
         if via == "bearer":
             token = _bearer_token(request)
             return token is not None and await authenticate(self.app.engine, token) is not None
-        return await self.session(request, touch=False) is not None
+        try:
+            return await self.session(request, touch=False) is not None
+        except SignInRefused:  # a proxy's header naming a user revoked since
+            return False
 
     def csrf_token(self, session_id: str) -> str:
         return self._sign(b"csrf:" + session_id.encode())

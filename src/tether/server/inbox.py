@@ -1,14 +1,15 @@
-"""The reviewers' inbox (DESIGN §5): server-rendered pages for people. Sign in with a token,
-see the approvals waiting for you, open one, decide it with a click; follow runs step by step.
+"""The reviewers' inbox (DESIGN §5): server-rendered pages for people. Sign in with a token (or
+OpenID Connect, oidc.py; or a login proxy's header, trusted.py), see the approvals waiting for
+you, open one, decide it with a click; follow runs step by step.
 
 Routes: `GET /` (sign-in, or the inbox), `POST /login`, `POST /logout`, `GET /approvals/{id}`,
-`POST /approvals/{id}/decision`, `GET /runs`, `GET /runs/{id}`, `/static/inbox.{css,js}`, and
-`GET /live` (live.py). Who may see what is the JSON API's rule (api.Access); what a refusal
-means is its table too. Every form carries a CSRF token tied to the session, and every POST
-must come from one of this server's origins (http.Site). Templates autoescape everything;
-values reach the page only as text or attributes, never inside a script (the CSP forbids
-inline ones anyway), and every control, bidi or zero-width character in them is spelled out as
-`<U+XXXX>` (tether.text), styled apart where the `shown` filter renders it.
+`POST /approvals/{id}/decision`, `GET /runs`, `GET /runs/{id}`, `/static/` (inbox.css,
+inbox.js, timeline.css), and `GET /live` (live.py). Who may see what is the JSON API's rule
+(api.Access); what a refusal means is its table too. Every form carries a CSRF token tied to
+the session, and every POST must come from one of this server's origins (http.Site). Templates
+autoescape everything; values reach the page only as text or attributes, never inside a script
+(the CSP forbids inline ones anyway), and every control, bidi or zero-width character in them
+is spelled out as `<U+XXXX>` (tether.text), styled apart where the `shown` filter renders it.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tether.app import App
 from tether.approvals.model import Approval
 from tether.errors import ApprovalRefused, ConfigurationError, SerializationError
 from tether.server.api import _REFUSED_STATUS, Access
-from tether.server.auth import SESSION_COOKIE, Auth, client_of
+from tether.server.auth import SESSION_COOKIE, Auth, SignInRefused, client_of
 from tether.server.http import Site, origin
 from tether.server.live import (
     Scope,
@@ -48,7 +49,8 @@ from tether.users import User
 from tether.views import checkpoint_json, history_json, run_json, takes_response
 
 HERE = Path(__file__).parent
-ASSETS = {"inbox.css": "text/css; charset=utf-8", "inbox.js": "text/javascript; charset=utf-8"}
+ASSETS = {"inbox.css": "text/css; charset=utf-8", "inbox.js": "text/javascript; charset=utf-8",
+          "timeline.css": "text/css; charset=utf-8"}  # fmt: skip
 # Pages may send the Referer (and so the Origin of a form POST) to this server only; the
 # default no-referrer policy would make browsers send `Origin: null` with every form.
 PAGE_HEADERS = {"Cache-Control": "no-store", "Referrer-Policy": "same-origin"}
@@ -68,6 +70,7 @@ class Visitor:
     user: User
     session: str
     csrf: str
+    via: str = "session"  # "header": a login proxy signs them in, and out
 
 
 class BadForm(ValueError):
@@ -205,7 +208,7 @@ class Inbox:
         signed = await auth.session(request, touch=touch)
         if signed is None:
             return None
-        return Visitor(signed.user, signed.id, auth.csrf_token(signed.id))
+        return Visitor(signed.user, signed.id, auth.csrf_token(signed.id), signed.via)
 
     def page(
         self,
@@ -229,7 +232,13 @@ class Inbox:
         self, request: Request, *, status: int = 200, error: str = "", target: str | None = None
     ) -> HTMLResponse:
         goal = local_path(target if target is not None else request.query_params.get("next"))
-        return self.page("signin.html", None, status, error=error, next=goal)
+        oidc = getattr(request.app.state, "oidc_name", None)  # "Sign in with <oidc>"
+        return self.page("signin.html", None, status, error=error, next=goal, oidc=oidc)
+
+    async def refused(self, request: Request, exc: Exception) -> Response:
+        """The page of a SignInRefused (an exception handler of the server)."""
+        assert isinstance(exc, SignInRefused)
+        return self.problem(None, exc.status_code, exc.title, str(exc.detail))
 
     @staticmethod
     def to_sign_in(request: Request) -> Response:
@@ -421,10 +430,10 @@ def _response(approval: Approval, option: str, text: str) -> object:
 # -- the routes -----------------------------------------------------------------------------------
 
 
-def build_inbox(app: App) -> APIRouter:
+def build_inbox(app: App, inbox: Inbox | None = None) -> APIRouter:
     """The inbox's routes, live updates and assets (none of them in the OpenAPI document)."""
     router = APIRouter(include_in_schema=False)
-    inbox = Inbox(app)
+    inbox = inbox or Inbox(app)
 
     @router.get("/")
     async def home(request: Request) -> Response:

@@ -9,6 +9,7 @@ What differs between the databases is in the drivers (store/drivers/) and the na
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Protocol, TypeVar
 
 from tether import faults
@@ -167,8 +168,17 @@ class SqlStore:
         workflow: str | None = None,
         limit: int = 100,
         before: tuple[float, str] | None = None,
+        queue: str | None = None,
+        version: str | None = None,
+        started_by: str | None = None,
+        created_after: float | None = None,
+        created_before: float | None = None,
+        id_prefix: str | None = None,
     ) -> list[RunRecord]:
-        return await self.driver.read(lambda: runs.list_runs(statuses, workflow, limit, before))
+        # A maker of the operation, not the operation: a read may be tried again.
+        make = partial(runs.list_runs, statuses, workflow, limit, before, queue, version,
+                       started_by, created_after, created_before, id_prefix)  # fmt: skip
+        return await self.driver.read(make)
 
     async def claim_runs(
         self,

@@ -89,12 +89,67 @@ def list_runs(
     workflow: str | None,
     limit: int,
     before: tuple[float, str] | None,
+    queue: str | None = None,
+    version: str | None = None,
+    started_by: str | None = None,
+    created_after: float | None = None,
+    created_before: float | None = None,
+    id_prefix: str | None = None,
 ) -> Op[list[RunRecord]]:
-    rows = yield from select(
-        "list_runs", any_status=not statuses, statuses=[str(s) for s in statuses],
-        workflow=workflow, limit=max(0, limit), **page_params(before),
-    )  # fmt: skip
-    return [run_from_row(r) for r in rows]
+    # Only the filters given are in the statement (named fragments, not `:x IS NULL OR ...`),
+    # so each one's index can serve it, in newest-first order.
+    where: list[str] = []
+    params: dict[str, Any] = {"limit": max(0, limit)}
+    for fragment, name, value in (
+        ("runs_of_workflow", "workflow", workflow), ("runs_of_queue", "queue", queue),
+        ("runs_of_version", "version", version), ("runs_started_by", "started_by", started_by),
+        ("runs_created_from", "created_after", created_after),
+        ("runs_created_before", "created_before", created_before),
+    ):  # fmt: skip
+        if value is not None:
+            where.append(fragment)
+            params[name] = value
+    if id_prefix:
+        # A range of ids, in code point order (SQLite's BINARY, PostgreSQL's "C"): every id
+        # that starts with the prefix and nothing else, with no LIKE pattern to escape.
+        end = prefix_end(id_prefix)
+        where.append("runs_id_prefix" if end is not None else "runs_id_from")
+        params |= {"id_from": id_prefix, "id_to": end}
+    if before is not None:
+        where.append("runs_before")
+        params |= page_params(before)
+    wanted = sorted(set(statuses))
+    if len(wanted) <= 1:
+        if wanted:
+            where.append("runs_with_status")
+            params["status"] = str(wanted[0])
+        rows = yield from select("list_runs", tuple(where), **params)
+        return [run_from_row(r) for r in rows]
+    # Several statuses: one page per status, each read in order from its (status, created_at,
+    # id) index, then merged; one query with IN would sort every match, or scan past all
+    # the runs of other statuses. Each statement sees its own moment (PostgreSQL's READ
+    # COMMITTED): a run whose status changed in between is shown once, as read last.
+    found: dict[str, RunRecord] = {}
+    for status in wanted:
+        rows = yield from select("list_runs", (*where, "runs_with_status"), **params,
+                                 status=str(status))  # fmt: skip
+        found |= {row[0]: run_from_row(row) for row in rows}
+    merged = sorted(found.values(), key=lambda r: (r.created_at, r.id), reverse=True)
+    return merged[: params["limit"]]
+
+
+def prefix_end(prefix: str) -> str | None:
+    """The least string after every string that starts with `prefix` (in code point order):
+    its last character that can be incremented, incremented, and what follows it dropped; None
+    when there is none (the prefix is all U+10FFFF): every id from the prefix on matches."""
+    chars = list(prefix)
+    while chars:
+        last = ord(chars.pop())
+        if last < 0x10FFFF:
+            # Surrogates are not text (UTF-8 cannot hold them): the next character is U+E000.
+            chars.append(chr(0xE000 if 0xD800 <= last + 1 <= 0xDFFF else last + 1))
+            return "".join(chars)
+    return None
 
 
 def claim_runs(

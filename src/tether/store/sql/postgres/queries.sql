@@ -17,13 +17,45 @@ ON CONFLICT DO NOTHING;
 SELECT {run_columns} FROM tether_runs WHERE id = %(id)s;
 
 -- name: list_runs
+-- {where}: the runs_* fragments below of the filters given. Newest first, ties by id in code
+-- point order (COLLATE "C", as SQLite's and Python's, whatever the database's collation): the
+-- order of the (..., created_at, id COLLATE "C") indexes, read backwards, which serve each filter.
 SELECT {run_columns} FROM tether_runs
-WHERE (%(any_status)s OR status = ANY(%(statuses)s))
-  AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s)
-  AND (%(before_at)s::double precision IS NULL OR created_at < %(before_at)s
-       OR (created_at = %(before_at)s AND id < %(before_id)s))
-ORDER BY created_at DESC, id DESC
+WHERE {where}
+ORDER BY created_at DESC, id COLLATE "C" DESC
 LIMIT %(limit)s;
+
+-- name: runs_with_status
+status = %(status)s
+
+-- name: runs_of_workflow
+workflow = %(workflow)s
+
+-- name: runs_of_queue
+queue = %(queue)s
+
+-- name: runs_of_version
+version = %(version)s
+
+-- name: runs_started_by
+started_by = %(started_by)s
+
+-- name: runs_created_from
+created_at >= %(created_after)s
+
+-- name: runs_created_before
+created_at < %(created_before)s
+
+-- name: runs_id_prefix
+-- The ids that start with a prefix, as a range of tether_runs_id_text (code point order).
+id COLLATE "C" >= %(id_from)s AND id COLLATE "C" < %(id_to)s
+
+-- name: runs_id_from
+id COLLATE "C" >= %(id_from)s
+
+-- name: runs_before
+-- The keyset page: runs after (older than) the last one of the previous page.
+(created_at, id COLLATE "C") < (%(before_at)s, %(before_id)s)
 
 -- name: store_stats
 -- Rows (kind, label, count, extra), one statement, so one snapshot: runs by status (the status

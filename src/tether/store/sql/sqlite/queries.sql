@@ -17,13 +17,44 @@ ON CONFLICT DO NOTHING;
 SELECT {run_columns} FROM tether_runs WHERE id = :id;
 
 -- name: list_runs
+-- {where}: the runs_* fragments below of the filters given. Newest first, ties by id: the
+-- order of the (..., created_at, id) indexes, read backwards, which serve each filter.
 SELECT {run_columns} FROM tether_runs
-WHERE (:any_status OR status IN (SELECT value FROM json_each(:statuses)))
-  AND (:workflow IS NULL OR workflow = :workflow)
-  AND (:before_at IS NULL OR created_at < :before_at
-       OR (created_at = :before_at AND id < :before_id))
+WHERE {where}
 ORDER BY created_at DESC, id DESC
 LIMIT :limit;
+
+-- name: runs_with_status
+status = :status
+
+-- name: runs_of_workflow
+workflow = :workflow
+
+-- name: runs_of_queue
+queue = :queue
+
+-- name: runs_of_version
+version = :version
+
+-- name: runs_started_by
+started_by = :started_by
+
+-- name: runs_created_from
+created_at >= :created_after
+
+-- name: runs_created_before
+created_at < :created_before
+
+-- name: runs_id_prefix
+-- The ids that start with a prefix, as a range of the primary key (BINARY: code point order).
+id >= :id_from AND id < :id_to
+
+-- name: runs_id_from
+id >= :id_from
+
+-- name: runs_before
+-- The keyset page: runs after (older than) the last one of the previous page.
+(created_at, id) < (:before_at, :before_id)
 
 -- name: store_stats
 -- Rows (kind, label, count, extra), one statement, so one snapshot: runs by status (the status
