@@ -22,6 +22,7 @@ from tether.core.retry import Retry
 from tether.errors import ConfigurationError, StepOutcomeUnknown
 from tether.outbox.client import Client, shown
 from tether.outbox.senders import DEFAULT_TIMEOUT, HttpSender, Sender
+from tether.redact import redact_text
 from tether.serde import encode_error
 from tether.store.port.outbox import OutboxMessage, OutboxSettlement, OutboxStatus
 
@@ -184,12 +185,13 @@ class Delivery:
             delay = _delay(policy, error, message.attempts)
             log.warning("outbox: sending %s to %s failed (attempt %d), again in %.1fs: %s",
                         message.id, _where(message), message.attempts, delay,
-                        error)  # fmt: skip
+                        redact_text(str(error)))  # fmt: skip
             next_at = self.engine.clock.now() + delay
             await self._settle(message, OutboxStatus.PENDING, error=error, next_at=next_at)
         else:
             log.error("outbox: message %s to %s failed for good after %d attempt(s): %s",
-                      message.id, _where(message), message.attempts, error)  # fmt: skip
+                      message.id, _where(message), message.attempts,
+                      redact_text(str(error)))  # fmt: skip
             await self._settle(message, OutboxStatus.FAILED, error=error)
 
     async def _send(self, sender: Sender, message: OutboxMessage) -> Exception | None:

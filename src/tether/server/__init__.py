@@ -19,6 +19,7 @@ from tether.app import App
 from tether.errors import ApprovalRefused
 from tether.server.api import build_router, refused
 from tether.server.auth import IDLE_SECONDS, SESSION_SECONDS, Auth, SignInRefused
+from tether.server.console import build_console
 from tether.server.health import Probes
 from tether.server.http import MAX_BODY, Hygiene, Site
 from tether.server.inbox import Inbox, build_inbox
@@ -72,6 +73,7 @@ def create_server(
     if oidc is not None:
         server.include_router(build_oidc(app, oidc))
     server.include_router(build_inbox(app, inbox))  # the inbox for people, its assets and /live
+    server.include_router(build_console(app))  # /ops: operations pages for group admin
     server.include_router(build_metrics(app))  # /metrics, for group admin or metrics
     server.add_middleware(Hygiene, max_body=max_body, hsts=secure_cookies, site=site)
     # Outermost: a probe comes by address (the kubelet's Host is the pod's IP), with no token.
