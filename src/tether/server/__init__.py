@@ -25,6 +25,7 @@ from tether.server.http import MAX_BODY, Hygiene, Site
 from tether.server.inbox import Inbox, build_inbox
 from tether.server.metrics import build_metrics
 from tether.server.oidc import OidcConfig, build_oidc
+from tether.server.run_page import build_run_page
 from tether.server.trusted import DirectPeer, TrustedHeader
 
 DEFAULT_HOST = "127.0.0.1"
@@ -73,6 +74,7 @@ def create_server(
     if oidc is not None:
         server.include_router(build_oidc(app, oidc))
     server.include_router(build_inbox(app, inbox))  # the inbox for people, its assets and /live
+    server.include_router(build_run_page(app, inbox))  # /runs/{id}, its actions; its transcript
     server.include_router(build_console(app))  # /ops: operations pages for group admin
     server.include_router(build_metrics(app))  # /metrics, for group admin or metrics
     server.add_middleware(Hygiene, max_body=max_body, hsts=secure_cookies, site=site)

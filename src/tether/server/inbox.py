@@ -3,7 +3,7 @@ OpenID Connect, oidc.py; or a login proxy's header, trusted.py), see the approva
 you, open one, decide it with a click; follow runs step by step.
 
 Routes: `GET /` (sign-in, or the inbox), `POST /login`, `POST /logout`, `GET /approvals/{id}`,
-`POST /approvals/{id}/decision`, `GET /runs`, `GET /runs/{id}`, `/static/` (inbox.css,
+`POST /approvals/{id}/decision`, `GET /runs` (the run page is run_page.py), `/static/` (inbox.css,
 inbox.js, timeline.css), and `GET /live` (live.py). Who may see what is the JSON API's rule
 (api.Access); what a refusal means is its table too. Every form carries a CSRF token tied to
 the session, and every POST must come from one of this server's origins (http.Site). Templates
@@ -36,7 +36,6 @@ from tether.server.http import Site, origin
 from tether.server.live import (
     Scope,
     Watch,
-    approvals_of_run,
     build_live,
     pending_for,
     runs_for,
@@ -46,7 +45,7 @@ from tether.server.sse import event_stream, start_offset
 from tether.streams import check_stream_key
 from tether.text import pieces, visible
 from tether.users import User
-from tether.views import checkpoint_json, history_json, run_json, takes_response
+from tether.views import history_json, run_json, takes_response
 
 HERE = Path(__file__).parent
 ASSETS = {"inbox.css": "text/css; charset=utf-8", "inbox.js": "text/javascript; charset=utf-8",
@@ -292,23 +291,6 @@ class Inbox:
         runs = [run_json(r) for r in await runs_for(self.app, visitor.user)]
         return self.page("runs.html", visitor, watch=watch, digest=digest, runs=runs)
 
-    async def run(self, visitor: Visitor, run_id: str) -> Response:
-        watch = Watch(Scope.RUN, run_id)
-        try:
-            digest = await state(self.app, visitor.user, watch)
-        except HTTPException:
-            return self.not_found(visitor, "run", run_id)
-        handle = await self.app.get(run_id)
-        return self.page(
-            "run.html",
-            visitor,
-            watch=watch,
-            digest=digest,
-            run=run_json(await handle.info()),
-            steps=[checkpoint_json(c) for c in await handle.checkpoints()],
-            approvals=await approvals_of_run(self.app, visitor.user, run_id),
-        )
-
     def not_found(self, visitor: Visitor, what: str, ident: str) -> Response:
         return self.problem(
             visitor,
@@ -497,13 +479,6 @@ def build_inbox(app: App, inbox: Inbox | None = None) -> APIRouter:
         return event_stream(
             app, run, key, start, True, lambda: auth.still_valid(request, "session")
         )
-
-    @router.get("/runs/{run_id:path}")
-    async def run(request: Request, run_id: str) -> Response:
-        visitor = await inbox.visitor(request)
-        if visitor is None:
-            return inbox.to_sign_in(request)
-        return await inbox.run(visitor, run_id)
 
     @router.get("/static/{name}")
     async def asset(name: str) -> Response:
