@@ -71,6 +71,10 @@ class RunInfo:
     fork: ForkInfo | None = None
     # Where a listing goes on after this run: `app.list_runs(cursor=...)` lists older ones.
     cursor: str = ""
+    # Where it runs, the version it is pinned to and who started it (None when not known).
+    queue: str | None = None
+    version: str | None = None
+    started_by: str | None = None
 
     @classmethod
     def of(cls, record: RunRecord) -> RunInfo:
@@ -86,6 +90,9 @@ class RunInfo:
             attempt=record.epoch,
             failures=record.failures,
             cursor=page_cursor(record.created_at, record.id),
+            queue=record.queue,
+            version=record.version,
+            started_by=record.started_by,
         )
 
 

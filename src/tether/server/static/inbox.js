@@ -52,6 +52,17 @@
     }
   });
 
+  // -- GET forms: leave empty fields out of the address ------------------------------------------
+  // A filter form (form[data-drop-empty]) puts its view in the URL; fields left empty mean
+  // "any", and dropping them keeps a shared link short and readable.
+
+  document.addEventListener("formdata", (event) => {
+    if (!event.target.matches("form[data-drop-empty]")) return;
+    for (const [name, value] of [...event.formData.entries()]) {
+      if (value === "") event.formData.delete(name);
+    }
+  });
+
   // -- live updates -------------------------------------------------------------------------------
   // <body data-live="/live?..." data-state="digest" data-page="/path">: when the stream reports
   // another digest, fetch the page again and swap each [data-region] element (by id).
