@@ -71,6 +71,7 @@ bench: install
 	$(BIN)/python -m bench.transactions
 	$(BIN)/python -m bench.retention
 	$(BIN)/python -m bench.console
+	$(BIN)/python -m bench.pages
 	$(BIN)/python -m bench.peers  # peers from a scratch venv (bench/peers.py says how); skipped without
 
 clean:

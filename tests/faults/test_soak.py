@@ -26,6 +26,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -87,6 +88,11 @@ def replay_hint(backend: str) -> str:
 # -- the worker processes ---------------------------------------------------------------------
 
 
+def _resume(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # killed meanwhile
+        os.kill(pid, signal.SIGCONT)
+
+
 class Workers:
     """Two worker processes (tests.faults.soak worker) on one database, killed and restarted."""
 
@@ -135,6 +141,12 @@ class Workers:
         self.stalls.setdefault(proc.pid, []).append(time.time())
         os.kill(proc.pid, signal.SIGSTOP)
         self.thaw_at[proc.pid] = time.monotonic() + STALL
+        # Also let it go from a thread: stopped while it held SQLite's write lock, it blocks
+        # the driver's own writes (and the reads queued behind them), so the driver's loop
+        # might never come back to thaw() it.
+        timer = threading.Timer(STALL, _resume, (proc.pid,))
+        timer.daemon = True
+        timer.start()
 
     def thaw(self, everyone: bool = False) -> None:
         """Let the stopped workers whose stall is over go on."""

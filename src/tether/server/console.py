@@ -23,6 +23,7 @@ from tether.errors import ConfigurationError
 from tether.redact import redact_text
 from tether.schedules import Cron, ScheduleInfo
 from tether.server.auth import Auth, client_of
+from tether.server.counts import recent_counts
 from tether.server.inbox import BadForm, Inbox, Visitor, read_form, same_origin
 from tether.store.port import QueueLimits, RunRecord, RunStatus, WorkerInfo
 from tether.store.port.outbox import OutboxMessage, OutboxStatus
@@ -193,7 +194,7 @@ class Console:
 
     async def queues(self, visitor: Visitor) -> Response:
         engine = self.app.engine
-        stats = await engine.store.stats(self.now())
+        stats = await recent_counts(self.app).get()
         running = await self.running()
         served: dict[str, list[str]] = {}
         for wf in engine.workflows.values():

@@ -38,6 +38,7 @@ from tether.core.handle import RunInfo
 from tether.errors import ApprovalRefused, ConfigurationError, SerializationError
 from tether.server.api import _REFUSED_STATUS, Access, RunFilters, admin_page, reviewer_page
 from tether.server.auth import SESSION_COOKIE, Auth, SignInRefused, client_of
+from tether.server.counts import recent_counts
 from tether.server.http import Site, origin
 from tether.server.live import (
     Scope,
@@ -387,7 +388,7 @@ class Inbox:
         # Counts of every run, so group admin alone: a reviewer's scope is their own runs.
         counts: dict[str, int] = {}
         if visitor.user.is_admin:
-            stats = await self.app.engine.store.stats(self.app.engine.clock.now())
+            stats = await recent_counts(self.app).get()
             counts = {str(s): n for s, n in stats.runs.items()}
         queried = time.perf_counter()  # the listing and the counts done
         # Live updates re-fetch this very view (filters and cursor); a view with errors has
