@@ -120,6 +120,9 @@ class RunContext:
     root: Frame | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)  # the workflow's other tasks
     parks: set[Park] = field(default_factory=set)  # tasks waiting on Tether (suspension.py)
+    # Counted in engine.held_waits while its tasks wait: not when its first wait found the
+    # worker crowded (it is let go at once, holding nothing).
+    holds_wait: bool = False
     root_cancels: int = 0  # cancellations `end` made of the root task (the runner's)
     checking: asyncio.Handle | asyncio.Task[None] | None = None  # a look for quiescence due
     # Since when (the loop's clock) the replay has looked diverged while some task waits on

@@ -95,8 +95,9 @@ async def park(
     ctx.parks.add(here)
     if turn is not None:
         ctx.turns.gated += 1
-    if first:
+    if first and not crowded:
         engine.held_waits += 1
+        ctx.holds_wait = True
         worker = engine.worker
         if worker is not None and worker.capacity() == 1:
             worker.notify()  # this run made room: the worker may claim the next one
@@ -108,7 +109,9 @@ async def park(
             ctx.turns.gated -= 1
         ctx.parks.discard(here)
         if not ctx.parks:
-            engine.held_waits -= 1
+            if ctx.holds_wait:
+                engine.held_waits -= 1
+                ctx.holds_wait = False
         else:
             # Other tasks still wait: look again once this one has run on. It may next wait
             # on something of its own (an asyncio.Queue another branch feeds), and nothing
