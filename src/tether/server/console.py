@@ -22,9 +22,9 @@ from tether.clock import to_datetime
 from tether.errors import ConfigurationError
 from tether.redact import redact_text
 from tether.schedules import Cron, ScheduleInfo
-from tether.server.auth import Auth, client_of
+from tether.server.auth import client_of
 from tether.server.counts import recent_counts
-from tether.server.inbox import BadForm, Inbox, Visitor, read_form, same_origin
+from tether.server.inbox import Inbox, Visitor
 from tether.store.port import QueueLimits, RunRecord, RunStatus, WorkerInfo
 from tether.store.port.outbox import OutboxMessage, OutboxStatus
 from tether.text import visible
@@ -249,21 +249,10 @@ class Console:
         """Send a failed message again (App.retry_outbox), for an admin's form with its CSRF
         token from one of this server's origins; logged with who asked and from where."""
         inbox = self.inbox
-        visitor = await inbox.visitor(request)
-        if visitor is None:
-            return inbox.problem(
-                None,
-                403,
-                "Signed out",
-                "Your session has ended; sign in again and retry the message.",
-            )
-        try:
-            form = await read_form(request)
-        except BadForm as exc:
-            return inbox.problem(visitor, 400, "Unreadable form", str(exc))
-        auth: Auth = request.app.state.auth
-        if not same_origin(request) or not auth.check_csrf(visitor.session, form.get("csrf", "")):
-            return inbox.forged(visitor)
+        posted = await inbox.posted(request, "retry the message")
+        if isinstance(posted, Response):
+            return posted
+        visitor, _ = posted
         if not visitor.user.is_admin:
             return self.not_admin(visitor)
         try:

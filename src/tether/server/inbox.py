@@ -459,14 +459,16 @@ class Inbox:
 
     # -- the decision ---------------------------------------------------------------------------
 
-    async def decide(self, request: Request, approval_id: str) -> Response:
+    async def posted(
+        self, request: Request, again: str
+    ) -> tuple[Visitor, dict[str, str]] | Response:
+        """The signed-in visitor and the form of a POST from one of this server's pages (its
+        session, a readable form, the same origin, the session's CSRF token), or the page
+        that refuses it; `again` ends the signed-out message ("repeat the decision")."""
         visitor = await self.visitor(request)
         if visitor is None:
             return self.problem(
-                None,
-                403,
-                "Signed out",
-                "Your session has ended; sign in again and repeat the decision.",
+                None, 403, "Signed out", f"Your session has ended; sign in again and {again}."
             )
         try:
             form = await read_form(request)
@@ -475,6 +477,13 @@ class Inbox:
         auth: Auth = request.app.state.auth
         if not same_origin(request) or not auth.check_csrf(visitor.session, form.get("csrf", "")):
             return self.forged(visitor)
+        return visitor, form
+
+    async def decide(self, request: Request, approval_id: str) -> Response:
+        posted = await self.posted(request, "repeat the decision")
+        if isinstance(posted, Response):
+            return posted
+        visitor, form = posted
         try:
             found = await self.access.approval(approval_id, visitor.user)
         except HTTPException:

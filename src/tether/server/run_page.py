@@ -28,9 +28,9 @@ from tether.core.handle import RunInfo
 from tether.errors import ConfigurationError, TetherError
 from tether.redact import redact_text
 from tether.server.api import ERRORS, CurrentUser, RunId
-from tether.server.auth import Auth, client_of
+from tether.server.auth import client_of
 from tether.server.http import StrictRoute
-from tether.server.inbox import BadForm, Inbox, Visitor, read_form, same_origin
+from tether.server.inbox import Inbox, Visitor
 from tether.server.live import Scope, Watch, approvals_of_run, state
 from tether.server.timeline import child_ids, render_timeline
 from tether.store.port import Checkpoint, RunRecord, RunStatus
@@ -169,18 +169,10 @@ class RunPage:
         """One admin action from the page's forms: checked like an inbox decision (session,
         same origin, CSRF token), logged with who and from where, then back to the page."""
         inbox = self.inbox
-        visitor = await inbox.visitor(request)
-        if visitor is None:
-            return inbox.problem(
-                None, 403, "Signed out", "Your session has ended; sign in again and repeat it."
-            )
-        try:
-            form = await read_form(request)
-        except BadForm as exc:
-            return inbox.problem(visitor, 400, "Unreadable form", str(exc))
-        auth: Auth = request.app.state.auth
-        if not same_origin(request) or not auth.check_csrf(visitor.session, form.get("csrf", "")):
-            return inbox.forged(visitor)
+        posted = await inbox.posted(request, "repeat it")
+        if isinstance(posted, Response):
+            return posted
+        visitor, form = posted
         try:
             await inbox.access.run(run_id, visitor.user)
         except HTTPException:
