@@ -20,7 +20,6 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from tether.store.query import Queries, Query, drive
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.postgres_server import LocalPostgres  # noqa: E402
+from bench.postgres import server  # noqa: E402
 
 START = 1_700_000_000.0
 SPAN = 30 * 86400.0  # the runs' creation times cover 30 days
@@ -245,19 +244,6 @@ def run_postgres(url: str | None, n: int, repeat: int, as_json: bool) -> dict[st
         rows = asyncio.run(measure(base, repeat, n // 2))
         plans = {label: plan_postgres(base, kwargs) for label, kwargs, _, _ in rows}
         return report(f"PostgreSQL, {n:,} runs", rows, plans, as_json)
-
-
-@contextmanager
-def server(url: str | None) -> Iterator[str]:
-    if url:
-        yield url
-        return
-    local = LocalPostgres(durable=True)
-    try:
-        local.start()
-        yield local.url
-    finally:
-        local.remove()
 
 
 def note(text: str) -> None:
