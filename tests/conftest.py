@@ -8,8 +8,9 @@ import compileall
 import dataclasses
 import os
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 from tests.postgres_server import postgres_server, with_schema
@@ -34,6 +35,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     restarted, the CLI) then load them compiled, where PYTHONDONTWRITEBYTECODE would have each
     compile them again (0.15 s or so a process)."""
     compileall.compile_dir(Path(__file__).parent.parent / "src" / "tether", quiet=1)
+
+
+def _encodable(value: object) -> object:
+    """`value` with every string made UTF-8 encodable (a lone surrogate as its escape)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_encodable(key): _encodable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_encodable(item) for item in value)
+    return value
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(
+    config: pytest.Config, report: pytest.TestReport
+) -> Generator[None, dict[str, object], dict[str, object]]:
+    """Reports cross to pytest-xdist's controller as UTF-8: the hostile-text tests capture lone
+    surrogates (in logs, in assertion messages), which would kill the worker that sends them."""
+    data = yield
+    return cast(dict[str, object], _encodable(data))
 
 
 @pytest.fixture(autouse=True)
