@@ -2,7 +2,8 @@
 ORIGIN (the ASGI client's origin), SECRET, ASK (the default approval of the workflow `ask`),
 Person (a user with their token), build_app (an App with the workflow `ask`: step `prepare`, one
 approval shaped by the run's argument, then step `act` if approved), start_approval (start `ask`
-and wait for its pending approval), sign_in (open an inbox session through the form), LiveServer.
+and wait for its pending approval), sign_in (open an inbox session through the form), LiveServer,
+events (the (event, data) pairs of a server-sent event stream).
 """
 
 from __future__ import annotations
@@ -136,3 +137,18 @@ async def serving(asgi: ASGIApp) -> AsyncIterator[LiveServer]:
         async with asyncio.timeout(10):
             await task
         sock.close()
+
+
+async def events(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
+    """(event, data) pairs of a server-sent event stream; comments come as ("comment", text)."""
+    name, data = "message", ""
+    async for line in response.aiter_lines():
+        if line.startswith(":"):
+            yield "comment", line[1:].strip()
+        elif line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            data = line[6:]
+        elif line == "" and data:
+            yield name, data
+            name, data = "message", ""

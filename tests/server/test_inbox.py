@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, sign_in, start_approval
+from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, events, sign_in, start_approval
 
 import tether
 from tether.server import create_server, live
@@ -510,21 +510,6 @@ async def browserless(live_server: LiveServer) -> AsyncIterator[httpx.AsyncClien
     """An HTTP client of the live server (real sockets, so server-sent events stream)."""
     async with httpx.AsyncClient(base_url=live_server.url, timeout=10) as made:
         yield made
-
-
-async def events(response: httpx.Response) -> AsyncIterator[tuple[str, str]]:
-    """(event, data) pairs of a server-sent event stream; comments come as ("comment", text)."""
-    name, data = "message", ""
-    async for line in response.aiter_lines():
-        if line.startswith(":"):
-            yield "comment", line[1:].strip()
-        elif line.startswith("event: "):
-            name = line[7:]
-        elif line.startswith("data: "):
-            data = line[6:]
-        elif line == "" and data:
-            yield name, data
-            name, data = "message", ""
 
 
 async def test_the_live_stream_sends_a_new_state_when_an_approval_arrives(

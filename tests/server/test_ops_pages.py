@@ -1,22 +1,20 @@
-"""The operations pages (/ops, tether.server.console) against a real App on a SQLite file with its
-worker running: a queue with limits (a rate that leaves runs due), a run held by the worker, a
-schedule with a run of a past slot, an outbox message its sender refused, a dead run. Each page
-over httpx for a signed-in admin; 403 for a reviewer, the sign-in redirect for nobody; the
-Retry form with and without its CSRF token; hostile names escaped and secrets redacted; and
-every page in headless Chromium, the Retry button reached with the keyboard.
+"""The operations pages (/ops, tether.server.console) against the App of ops_kit.py on a SQLite
+file with its worker running: a queue with limits (a rate that leaves runs due), a run held by
+the worker, a schedule with a run of a past slot, an outbox message its sender refused, a dead
+run. Each page over httpx for a signed-in admin; 403 for a reviewer, the sign-in redirect for
+nobody; the Retry form with and without its CSRF token; hostile names escaped and secrets
+redacted; every page in headless Chromium, the Retry button reached with the keyboard; and open
+pages updating in place when a message fails or a worker appears. (The same data over the JSON
+API and the pages' live streams: test_ops_api.py.)
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 import os
 import re
 import shutil
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -24,21 +22,24 @@ import pytest
 from fastapi import FastAPI
 from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
 from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, sign_in
+from tests.server.ops_kit import (
+    DESTINATION,
+    HOSTILE,
+    QUEUE,
+    REFUSAL,
+    SCHEDULE,
+    Setup,
+    ops_app,
+    until,
+)
 
 import tether
 from tether.server import create_server
 from tether.server.console import build_console
-from tether.store.port import NewRun, RunStatus
-from tether.store.port.schedules import ScheduleSpec
+from tether.store.port import WorkerInfo
 
 pytestmark = pytest.mark.timeout(60)
 
-HOSTILE = '<img src=x onerror="window.__pwned=1">'
-QUEUE = f"mail{HOSTILE}"
-SCHEDULE = f"nightly{HOSTILE}"
-# A sender's name is looked up before URLs are: this one has a password in it, to redact.
-DESTINATION = "https://ops:hunter2@hooks.example/in"
-REFUSAL = f"{HOSTILE} refused the message\nsecond line: password=swordfish"
 PAGES = ("workers", "queues", "schedules", "outbox", "dead")
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -48,100 +49,16 @@ FLAGS = [
 WAIT_MS = 10_000
 
 
-class Refuses(tether.Sender):
-    """Refuses every message for good while `refusing`, then accepts them."""
-
-    def __init__(self) -> None:
-        self.refusing = True
-        self.accepted: list[str] = []
-
-    async def send(self, message: tether.OutboxMessage) -> None:
-        if self.refusing:
-            raise tether.PermanentError(REFUSAL)
-        self.accepted.append(message.key)
-
-
-@dataclass
-class Setup:
-    sender: Refuses = field(default_factory=Refuses)
-    gate: asyncio.Event = field(default_factory=asyncio.Event)  # holds the run `hold` running
-    message_id: str = ""
-    slot_run: str = ""
-
-
 @pytest.fixture
 def setup() -> Setup:
     return Setup()
 
 
-async def until(check: Callable[[], Awaitable[bool]]) -> None:
-    async with asyncio.timeout(15):
-        while not await check():
-            await asyncio.sleep(0.02)
-
-
 @pytest.fixture
 async def app(tmp_path: Path, setup: Setup) -> AsyncIterator[tether.App]:
-    """The App of the module docstring, once every object the pages show exists."""
-    built = tether.App(f"sqlite:///{tmp_path}/ops.db", senders={DESTINATION: setup.sender})
-    built.engine.settings = replace(built.engine.settings, poll_interval=0.05)
-    # Two starts an hour: `notify` and `hold` take them, so the queue's later runs stay due.
-    built.queue(QUEUE, concurrency=3, worker_concurrency=2,
-                rate=tether.Rate(2, per=timedelta(hours=1)))  # fmt: skip
-
-    @built.step()
-    async def wait_for_gate() -> str:
-        await setup.gate.wait()
-        return "opened"
-
-    @built.workflow(queue=QUEUE)
-    async def notify(n: int) -> None:
-        await tether.outbox(DESTINATION, {"n": n})
-
-    @built.workflow(queue=QUEUE)
-    async def hold() -> str:
-        return await wait_for_gate()
-
-    @built.workflow()
-    async def typed(n: int) -> int:
-        return n
-
-    @built.schedule("* * * * *", name=SCHEDULE)
-    @built.workflow()
-    async def tick(scheduled_at: datetime) -> str:
-        return scheduled_at.isoformat()
-
-    await built.open()
-    store, now = built.engine.store, built.engine.clock.now()
-    # Registered ten minutes ago (as by an earlier deploy): the worker starts the latest slot.
-    await store.put_schedule(ScheduleSpec(SCHEDULE, "tick", "* * * * *", "UTC", "latest"),
-                             now - 600)  # fmt: skip
-    # Arguments its type hints refuse, as a row changed by hand leaves them: dead at once.
-    await store.create_run(NewRun("dead-1", "typed", json.dumps({"args": [HOSTILE], "kwargs": {}}),
-                                  None), now)  # fmt: skip
-    async with built:
-        await built.start(notify, 1, id="notify-1")
-        await built.start(hold, id="hold-1")
-
-        async def settled() -> bool:
-            failed = await built.list_outbox(status="failed")
-            held = await store.get_run("hold-1")
-            dead = await store.get_run("dead-1")
-            slots = [r for r in await built.list_runs(workflow="tick") if r.status == "succeeded"]
-            if slots:
-                setup.slot_run = slots[0].id
-            if failed:
-                setup.message_id = failed[0].id
-            return bool(failed and slots and held and held.status is RunStatus.RUNNING
-                        and dead and dead.status is RunStatus.DEAD)  # fmt: skip
-
-        await until(settled)
-        for n in (2, 3):  # over the queue's rate: due, not claimed
-            await built.start(notify, n, id=f"notify-{n}")
-        try:
-            yield built
-        finally:
-            setup.gate.set()
+    """The App of tests/server/ops_kit.py on a SQLite file."""
+    async with ops_app(f"sqlite:///{tmp_path}/ops.db", setup) as built:
+        yield built
 
 
 @pytest.fixture
@@ -448,6 +365,53 @@ async def test_an_admin_visits_every_ops_page_in_chromium_and_retries_with_the_k
         await page.screenshot(path=str(folder / "ops_outbox_after_retry.png"), full_page=True)
         assert sorted(p.name for p in folder.glob("ops_*.png")) == sorted(
             [f"ops_{name}.png" for name in PAGES] + ["ops_outbox_after_retry.png"])  # fmt: skip
+        assert problems == []
+    finally:
+        await context.close()
+
+
+async def test_open_ops_pages_update_in_place_when_a_message_fails_or_a_worker_appears(
+    app: tether.App, browser: Browser, live_server: LiveServer, admin: Person
+) -> None:
+    context = await browser.new_context(base_url=live_server.url)
+    page: Page = await context.new_page()
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    try:
+        await page.goto("/ops/outbox")  # to sign in, then back here
+        await page.fill("#token", admin.token)
+        await page.keyboard.press("Enter")
+        await expect(page.locator("h1")).to_have_text("Outbox", timeout=WAIT_MS)
+        await page.wait_for_selector("body[data-connected]", timeout=WAIT_MS)
+        await page.evaluate("window.__still_here = 'yes'")
+        failed = page.locator("#outbox-failed")
+        await expect(failed.locator("caption")).to_have_text("Failed: 1")
+        await app.start("send_to", DESTINATION, id="refused-late")  # refused for good at once
+        await expect(failed.locator("caption")).to_have_text("Failed: 2", timeout=WAIT_MS)
+        (late,) = [m for m in await app.list_outbox(status="failed") if m.run_id == "refused-late"]
+        row = failed.locator(f'tr[data-message-id="{late.id}"]')
+        await expect(row.get_by_role("button", name=re.compile(r"^Retry outbox message "))
+                     ).to_have_count(1)  # fmt: skip
+        assert await page.evaluate("window.__still_here") == "yes"  # no reload: the same document
+        assert int(await page.evaluate("document.body.dataset.refreshed")) >= 1
+
+        await page.locator("nav[aria-label=Operations]").get_by_role("link", name="Workers").click()
+        await expect(page.locator("h1")).to_have_text("Workers", timeout=WAIT_MS)
+        await page.wait_for_selector("body[data-connected]", timeout=WAIT_MS)
+        await page.evaluate("window.__still_here = 'yes'")
+        await expect(page.locator("#ops-workers caption")).to_have_text("Workers: 1")
+        now = app.engine.clock.now()
+        worker = WorkerInfo("w-late", "elsewhere.example", 4242, "token", started_at=now,
+                            workflows=("tick",), version="v2")  # fmt: skip
+        await app.engine.store.register_worker(worker, now)
+        caption = page.locator("#ops-workers caption")
+        await expect(caption).to_have_text("Workers: 2", timeout=WAIT_MS)
+        appeared = page.locator('tr[data-worker-id="w-late"]')
+        await expect(appeared.locator('td[data-label="Host"]')).to_have_text("elsewhere.example")
+        await expect(appeared.locator('td[data-label="Version"]')).to_have_text("v2")
+        assert await page.evaluate("window.__still_here") == "yes"
+        assert await page.evaluate("typeof window.__pwned") == "undefined"
         assert problems == []
     finally:
         await context.close()

@@ -1,12 +1,13 @@
 """The JSON API under /api (DESIGN §5): runs, their steps, events, values and forks, approvals
-and decisions.
+and decisions; and, for group admin, what the operations pages show (workers, queues,
+schedules, the outbox) with their action, sending a failed outbox message again.
 
 Every route needs a bearer token; the token's owner is the actor. Object-level authorization:
 a user sees an approval they may decide and the runs those approvals belong to (404 for the
 rest, so ids of others' objects leak nothing); group `admin` sees everything and alone may
-cancel runs, send events and fork runs; groups `admin` and `starter` may start runs (by
-workflow name: the server needs no code of it). Routes validate and translate; the library
-does the work.
+cancel runs, send events, fork runs and use the operations routes (403 for anyone else);
+groups `admin` and `starter` may start runs (by workflow name: the server needs no code of
+it). Routes validate and translate; the library does the work.
 """
 
 import json
@@ -46,10 +47,14 @@ from tether.errors import (
     SerializationError,
     ValueNotFound,
 )
+from tether.redact import redact_text
+from tether.server import operations
 from tether.server.auth import Auth, client_of
 from tether.server.http import StrictRoute
+from tether.server.operations import OutboxMessageOut, QueuesOut, SchedulesOut, WorkersOut
 from tether.server.sse import END, event_stream, start_offset
 from tether.store.port import RunStatus
+from tether.store.port.outbox import OutboxStatus
 from tether.streams import check_stream_key
 from tether.users import User
 from tether.values import ValueInfo
@@ -254,6 +259,7 @@ def build_router(app: App) -> APIRouter:
     _stream_route(router, app, access)
     _value_routes(router, app, access)
     _approval_routes(router, app, access)
+    _ops_routes(router, app)
     return router
 
 
@@ -512,3 +518,59 @@ def _approval_routes(router: APIRouter, app: App, access: Access) -> None:
         except SerializationError as exc:
             raise HTTPException(422, str(exc)) from None
         return decision_json(decision)
+
+
+def _ops_routes(router: APIRouter, app: App) -> None:
+    """What the operations pages show, read by the same functions (operations.py)."""
+    bearer = [Depends(BEARER)]
+    MessageId = Annotated[str, Path(min_length=1, max_length=2048)]
+
+    @router.get("/workers", summary="Workers the database knows, with the runs each holds "
+                "(group admin)", dependencies=bearer)  # fmt: skip
+    async def list_workers(user: CurrentUser) -> WorkersOut:
+        Access.admin(user, "see the workers")
+        return await operations.workers(app)
+
+    @router.get("/queues", summary="Queues: limits, runs due and running (group admin)",
+                dependencies=bearer)  # fmt: skip
+    async def list_queues(user: CurrentUser) -> QueuesOut:
+        Access.admin(user, "see the queues")
+        return await operations.queues(app)
+
+    @router.get("/schedules", summary="Schedules: next slots and latest runs (group admin)",
+                dependencies=bearer)  # fmt: skip
+    async def list_schedules(user: CurrentUser) -> SchedulesOut:
+        Access.admin(user, "see the schedules")
+        return await operations.schedules(app)
+
+    @router.get("/outbox", summary="Outbox messages, oldest first (group admin; destinations "
+                "and errors redacted)", dependencies=bearer)  # fmt: skip
+    async def list_outbox(
+        user: CurrentUser,
+        status: Annotated[OutboxStatus | None, Query(description="Messages of this status "
+                                                     "(any when not given)")] = None,
+        run_id: Annotated[str | None, Query(min_length=1, max_length=512,
+                                            description="Messages of this run")] = None,
+        limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    ) -> list[OutboxMessageOut]:  # fmt: skip
+        Access.admin(user, "see the outbox")
+        return await operations.outbox(app, status=status, run_id=run_id, limit=limit)
+
+    # As the page's route: the id is taken whole, "/" included (sent percent-encoded).
+    @router.post(
+        "/outbox/{message_id:path}/retry",
+        summary="Send a failed outbox message again, with the same idempotency key (group admin)",
+        dependencies=bearer,
+        responses={409: {"model": Problem, "description": "No such message, or one that has "
+                                                          "not failed (sent again already)"}},
+    )  # fmt: skip
+    async def retry_outbox(
+        message_id: MessageId, user: CurrentUser, request: Request
+    ) -> OutboxMessageOut:
+        Access.admin(user, "send outbox messages again")
+        client = client_of(request)
+        try:
+            return await operations.retry_message(app, message_id, actor=user.name,
+                                                  client=client, channel="api")  # fmt: skip
+        except ConfigurationError as exc:
+            raise HTTPException(409, redact_text(str(exc))) from None

@@ -1,15 +1,18 @@
-"""Live updates for the inbox: what each page shows a user, summed up as a short state digest,
-and `GET /live`, a server-sent event stream that sends the digest whenever it changes.
+"""Live updates for the inbox and the operations pages: what each page shows a user, summed up
+as a short state digest, and `GET /live`, a server-sent event stream that sends the digest
+whenever it changes.
 
 A page carries the digest it was rendered from (`data-state` on <body>); the stream sends the
 current digest when it opens and again after every change (it polls the store every
-POLL_SECONDS), so a change between rendering and connecting is never missed. The page's script
-compares, re-fetches the page and swaps its live regions. A comment line every
-HEARTBEAT_SECONDS keeps proxies from closing an idle stream. The stream ends when the client goes
+POLL_SECONDS; the operations pages' data, which costs more to read, every OPS_POLLS polls), so a
+change between rendering and connecting is never missed. The page's script compares, re-fetches
+the page and swaps its live regions. A comment line every HEARTBEAT_SECONDS keeps proxies from
+closing an idle stream. The stream ends when the client goes
 away, when the session ends (event `signed-out`) or when the watched object is no longer
 visible (event `gone`); EventSource reconnects by itself after anything else.
 
 The queries here decide what a user sees on each page; inbox.py renders from the same ones.
+The operations pages' are operations.py's, for group admin alone (anyone else: 403, `gone`).
 """
 
 from __future__ import annotations
@@ -32,10 +35,14 @@ from tether.core.handle import RunInfo
 from tether.errors import RunNotFound, StoreUnavailable
 from tether.server.api import Access
 from tether.server.auth import Auth
+from tether.server.operations import PAGES
 from tether.users import User
 from tether.views import iso
 
 POLL_SECONDS = 0.5
+# The operations pages' reads scan up to operations.SCAN_LIMIT running runs: every 4th poll
+# (2 s), not every poll; the session is still checked every poll.
+OPS_POLLS = 4
 HEARTBEAT_SECONDS = 15.0
 RETRY_MILLISECONDS = 2000  # how long EventSource waits before reconnecting
 RUNS_SHOWN = 200
@@ -84,11 +91,16 @@ class Scope(StrEnum):
     RUNS = "runs"
     RUN = "run"
     APPROVAL = "approval"
+    OPS = "ops"  # an operations page, by name (operations.PAGES)
+
+
+TAKES_ID = frozenset({Scope.RUN, Scope.APPROVAL, Scope.OPS})
 
 
 @dataclass(frozen=True, slots=True)
 class Watch:
-    """What one page shows: the inbox, the runs, or one run or approval (by `id`)."""
+    """What one page shows: the inbox, the runs, or one run, approval or operations page (by
+    `id`)."""
 
     scope: Scope
     id: str = ""
@@ -99,9 +111,16 @@ class Watch:
         return "/live?" + urlencode(query)
 
 
+def digest(parts: object) -> str:
+    """The state digest of what a page shows (JSON data)."""
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
+
+
 async def state(app: App, user: User, watch: Watch) -> str:
     """A digest of what `watch` shows `user`: it changes exactly when the page would. Raises
-    HTTPException(404) for a run or approval the user may not see."""
+    HTTPException(404) for a run or approval the user may not see or an unknown operations
+    page, HTTPException(403) for an operations page and a user outside group admin."""
     access = Access(app)
     parts: object
     if watch.scope is Scope.INBOX:
@@ -117,13 +136,19 @@ async def state(app: App, user: User, watch: Watch) -> str:
             [[c.seq, c.status, c.attempts] for c in await handle.checkpoints()],
             [[a.id, a.status, a.approvers] for a in await approvals_of_run(app, user, watch.id)],
         ]
+    elif watch.scope is Scope.OPS:
+        if not user.is_admin:
+            raise HTTPException(403, "the operations pages are for group admin")
+        page = PAGES.get(watch.id)
+        if page is None:
+            raise HTTPException(404, f"no operations page {watch.id!r}; one of {list(PAGES)}")
+        parts = page.watched(await page.read(app))
     else:
         found = await access.approval(watch.id, user)
         # Views are left out: showing the page records one, and must not look like a change.
         trail = [e.seq for e in await app.approval_history(watch.id) if e.event != "viewed"]
         parts = [found.status, found.approvers, len(found.outcomes), trail[-1:]]
-    text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:20]
+    return digest(parts)
 
 
 # -- the stream -----------------------------------------------------------------------------------
@@ -138,6 +163,7 @@ async def _events(request: Request, app: App, watch: Watch, first: str) -> Async
     loop = asyncio.get_running_loop()
     yield f"retry: {RETRY_MILLISECONDS}\n" + _event("state", first)
     last, beat = first, loop.time() + HEARTBEAT_SECONDS
+    every, polls = OPS_POLLS if watch.scope is Scope.OPS else 1, 0
     while True:
         await asyncio.sleep(POLL_SECONDS)
         if await request.is_disconnected():
@@ -147,7 +173,11 @@ async def _events(request: Request, app: App, watch: Watch, first: str) -> Async
             if signed is None:
                 yield _event("signed-out", "the session ended")
                 return
-            now = await state(app, signed.user, watch)
+            polls += 1
+            if polls % every:
+                now = last  # not read this time
+            else:
+                now = await state(app, signed.user, watch)
         except HTTPException:
             yield _event("gone", "this page is no longer visible to you")
             return
@@ -179,8 +209,9 @@ def build_live(app: App) -> APIRouter:
             watch = Watch(Scope(scope), id)
         except ValueError:
             return PlainTextResponse(f"scope is one of {[s.value for s in Scope]}", 400)
-        if (watch.scope in (Scope.RUN, Scope.APPROVAL)) != bool(id):
-            return PlainTextResponse("scopes run and approval take an id; the others none", 400)
+        if (watch.scope in TAKES_ID) != bool(id):
+            return PlainTextResponse("scopes run, approval and ops take an id; the others none",
+                                     400)  # fmt: skip
         try:
             first = await state(app, signed.user, watch)
         except HTTPException as exc:
