@@ -1,9 +1,11 @@
 """The run page (server/run_page.py) over ASGI and in headless Chromium: a run with a retried
 step, a durable sleep, a child and an approval draws a timeline whose rows are its history, and
 its history lists inputs and outputs, escaped and redacted; a running run whose worker is gone
-says its owner is lost; an admin cancels from the page by keyboard; a reviewer sees no actions
-and forged posts change nothing; refused actions are said on the page; an agent run shows its
-conversation with tokens and the tool's approval, also as JSON at /api/runs/{id}/transcript.
+says its owner is lost; an admin cancels from the page by keyboard, through the page that asks
+first (what cancelling does to the run, its id and workflow; admin only); a reviewer sees no
+actions and forged posts change nothing; refused actions are said on the page; an agent run
+shows its conversation with tokens and the tool's approval, also as JSON at
+/api/runs/{id}/transcript.
 Screenshots go to artifacts/screenshots/ with TETHER_SCREENSHOTS set, else to tmp_path."""
 
 from __future__ import annotations
@@ -16,11 +18,11 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, Locator, Page, async_playwright, expect
 from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, sign_in, start_approval
 from tests.server.test_browser import CHROMIUM, FLAGS, WAIT_MS
 from tests.server.test_browser import sign_in as browser_sign_in
@@ -29,7 +31,6 @@ import tether
 from tether.agents.models import Emit, ModelRequest, ModelResponse
 from tether.models import Scripted, ToolCall
 from tether.server import create_server
-from tether.server.live import runs_for
 from tether.users import add_user
 
 pytestmark = pytest.mark.timeout(60)
@@ -209,26 +210,63 @@ async def test_a_running_run_whose_worker_is_gone_says_its_owner_is_lost(tmp_pat
         state = region(text, r'<ul id="run-state"[^>]*>(.*?)</ul>')
         assert "owner w-gone is lost: the lease expired at" in state
         assert "adopted: claimed 2 times" in state
-        assert (await runs_for(app, admin))[0].status == "running"
+        assert (await app.list_runs())[0].status == "running"
     finally:
         await app.close()
 
 
-async def test_an_admin_cancels_a_run_from_its_page_with_the_keyboard(
+async def waiting(app: tether.App, run_id: str) -> None:
+    async with asyncio.timeout(10):
+        while (await (await app.get(run_id)).status()) != "waiting":
+            await asyncio.sleep(0.02)
+
+
+async def tab_to(page: Page, target: Locator) -> None:
+    """Press Tab until `target` has the focus."""
+    for _ in range(200):
+        await page.keyboard.press("Tab")
+        if await target.evaluate("e => e === document.activeElement"):
+            return
+    pytest.fail(f"Tab never reached {target}")
+
+
+async def test_an_admin_cancels_a_run_from_its_page_with_the_keyboard_after_confirming(
     app: tether.App, page: Page, admin: Person, tmp_path: Path
 ) -> None:
     await start_approval(app, "run-cancel")
+    await waiting(app, "run-cancel")
     await browser_sign_in(page, admin)
     await page.goto("/runs/run-cancel")
-    button = page.locator("#action-cancel button")
-    await expect(button).to_have_attribute("aria-label", "Cancel run run-cancel")
-    for _ in range(200):  # Tab through the page until the cancel button has the focus
-        await page.keyboard.press("Tab")
-        if await button.evaluate("b => b === document.activeElement"):
-            break
-    else:
-        pytest.fail("Tab never reached the cancel button")
+    ask = page.locator("#action-cancel a")
+    await expect(ask).to_have_attribute(
+        "aria-label", "Cancel run run-cancel: asks you to confirm first"
+    )
+    await tab_to(page, ask)
     await page.screenshot(path=shots(tmp_path) / "run-page-before-cancel.png", full_page=True)
+    async with page.expect_navigation():
+        await page.keyboard.press("Enter")
+    # The page that asks: this run, what cancelling does to it now; nothing is cancelled yet.
+    assert urlsplit(page.url)[2:4] == ("/runs/run-cancel", "confirm=cancel")
+    await expect(page.locator("h1")).to_have_text("Cancel this run?")
+    await expect(page.locator("#cancel-run-id")).to_have_text("run-cancel")
+    await expect(page.locator("#cancel-workflow")).to_have_text("ask")
+    effects = page.locator("#cancel-effects")
+    await expect(effects).to_contain_text("It is waiting: it ends cancelled now")
+    await expect(effects).to_contain_text("Its pending approvals (1) end cancelled")
+    await page.screenshot(path=shots(tmp_path) / "run-page-cancel-confirm.png", full_page=True)
+    assert str(await (await app.get("run-cancel")).status()) == "waiting"
+    # "Keep the run" goes back, nothing changed; then confirm, by the keyboard again.
+    await tab_to(page, page.locator("#keep-run"))
+    async with page.expect_navigation():
+        await page.keyboard.press("Enter")
+    assert urlsplit(page.url)[2:4] == ("/runs/run-cancel", "")
+    assert str(await (await app.get("run-cancel")).status()) == "waiting"
+    await tab_to(page, ask)
+    async with page.expect_navigation():
+        await page.keyboard.press("Enter")
+    confirm = page.locator("#confirm-cancel button")
+    await expect(confirm).to_have_attribute("aria-label", "Yes, cancel run run-cancel")
+    await tab_to(page, confirm)
     await page.keyboard.press("Enter")
     await expect(page.locator("#run-done")).to_contain_text("Cancel requested", timeout=WAIT_MS)
     badge = page.locator("#run-summary .badge").first
@@ -236,6 +274,65 @@ async def test_an_admin_cancels_a_run_from_its_page_with_the_keyboard(
     assert str(await (await app.get("run-cancel")).status()) == "cancelled"
     await expect(page.locator("#action-cancel")).to_have_count(0)  # nothing left to cancel
     await page.screenshot(path=shots(tmp_path) / "run-page-cancelled.png", full_page=True)
+
+
+async def test_the_cancel_confirmation_is_for_group_admin_and_its_post_needs_the_csrf_token(
+    app: tether.App, client: httpx.AsyncClient, admin: Person, alice: Person, outsider: Person
+) -> None:
+    await start_approval(app, "job/cancel")  # an id ending as the action's path does
+    await waiting(app, "job/cancel")
+    here = "/runs/" + quote("job/cancel", safe="")
+    await sign_in(client, admin)
+    shown = await client.get(here)
+    assert shown.status_code == 200
+    assert 'id="run-summary"' in shown.text  # its own page: the question is asked by a query
+    assert f'href="{here}?confirm=cancel"' in shown.text
+    assert f'action="{here}/cancel"' not in shown.text  # the page itself cancels nothing
+    asked = await client.get(f"{here}?confirm=cancel")
+    assert asked.status_code == 200
+    assert '<code id="cancel-run-id">job/cancel</code>' in asked.text
+    assert '<dd id="cancel-workflow">ask</dd>' in asked.text
+    assert "It is waiting: it ends cancelled now" in asked.text
+    assert f'<form method="post" action="{here}/cancel" id="confirm-cancel"' in asked.text
+    assert f'<a class="btn" href="{here}" id="keep-run"' in asked.text
+    token = csrf_of(asked.text)
+    # The POST is the action's, checked as before: no token, no cancel.
+    refused = await client.post(f"{here}/cancel", data={"note": ""}, headers=SAME)
+    assert refused.status_code == 403
+    assert not (await (await app.get("job/cancel")).status()).terminal
+    done = await client.post(f"{here}/cancel", data={"csrf": token}, headers=SAME)
+    assert (done.status_code, done.headers["location"]) == (303, f"{here}?done=cancel")
+    assert str(await (await app.get("job/cancel")).status()) == "cancelled"
+    finished = await client.get(f"{here}?confirm=cancel")  # nothing left to cancel
+    assert finished.status_code == 409
+    assert "It has finished (cancelled): there is nothing to cancel." in finished.text
+    assert 'id="confirm-cancel"' not in finished.text
+    missing = await client.get("/runs/no-such-run?confirm=cancel")
+    assert missing.status_code == 404
+
+    await sign_in(client, alice)  # a reviewer of its approval: sees the run, may not cancel it
+    assert (await client.get(here)).status_code == 200
+    refused = await client.get(f"{here}?confirm=cancel")
+    assert refused.status_code == 403
+    assert "Only group admin may act on runs." in refused.text
+    assert 'id="confirm-cancel"' not in refused.text
+    await sign_in(client, outsider)  # may not see it: as if it did not exist
+    assert (await client.get(f"{here}?confirm=cancel")).status_code == 404
+
+
+async def test_the_confirmation_says_a_running_run_ends_at_its_next_await(
+    app: tether.App, client: httpx.AsyncClient, admin: Person
+) -> None:
+    await app.start("talk", ["a", "b", "c"], 30.0, id="run-talking")  # a step that sleeps
+    async with asyncio.timeout(10):
+        while (await (await app.get("run-talking")).status()) != "running":
+            await asyncio.sleep(0.02)
+    await sign_in(client, admin)
+    asked = await client.get("/runs/run-talking?confirm=cancel")
+    assert asked.status_code == 200
+    assert re.search(r"It is running on worker \S+: it ends cancelled at its next await",
+                     asked.text)  # fmt: skip
+    await (await app.get("run-talking")).cancel()
 
 
 async def test_a_reviewer_sees_no_actions_and_forged_posts_change_nothing(
@@ -247,6 +344,7 @@ async def test_a_reviewer_sees_no_actions_and_forged_posts_change_nothing(
     assert page.status_code == 200
     assert 'id="run-actions"' not in page.text
     assert "/cancel" not in page.text
+    assert "confirm=cancel" not in page.text
     token = csrf_of(page.text)  # the sign-out form's: a real token of alice's session
     refused = await client.post("/runs/run-guard/cancel", data={"csrf": token}, headers=SAME)
     assert refused.status_code == 403

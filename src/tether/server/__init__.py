@@ -20,6 +20,7 @@ from tether.errors import ApprovalRefused
 from tether.server.api import build_router, refused
 from tether.server.auth import IDLE_SECONDS, SESSION_SECONDS, Auth, SignInRefused
 from tether.server.console import build_console
+from tether.server.explorer import build_explorer
 from tether.server.health import Probes
 from tether.server.http import MAX_BODY, Hygiene, Site
 from tether.server.inbox import Inbox, build_inbox
@@ -74,6 +75,7 @@ def create_server(
     if oidc is not None:
         server.include_router(build_oidc(app, oidc))
     server.include_router(build_inbox(app, inbox))  # the inbox for people, its assets and /live
+    server.include_router(build_explorer(app, inbox))  # /runs, the runs explorer
     server.include_router(build_run_page(app, inbox))  # /runs/{id}, its actions; its transcript
     server.include_router(build_console(app))  # /ops: operations pages for group admin
     server.include_router(build_metrics(app))  # /metrics, for group admin or metrics

@@ -3,23 +3,20 @@ OpenID Connect, oidc.py; or a login proxy's header, trusted.py), see the approva
 you, open one, decide it with a click; follow runs step by step.
 
 Routes: `GET /` (sign-in, or the inbox), `POST /login`, `POST /logout`, `GET /approvals/{id}`,
-`POST /approvals/{id}/decision`, `GET /runs` (the run page is run_page.py), `/static/` (inbox.css,
-inbox.js, timeline.css), and `GET /live` (live.py). Who may see what is the JSON API's rule
-(api.Access); what a refusal means is its table too. Every form carries a CSRF token tied to
-the session, and every POST must come from one of this server's origins (http.Site). Templates
-autoescape everything; values reach the page only as text or attributes, never inside a script
-(the CSP forbids inline ones anyway), and every control, bidi or zero-width character in them
-is spelled out as `<U+XXXX>` (tether.text), styled apart where the `shown` filter renders it.
-`GET /runs` is the runs explorer: its whole view (filters, page size, cursor) is the query
-string of a GET form, so a link shows the same runs; pages are GET /api/runs's keyset pages.
+`POST /approvals/{id}/decision`, `/static/` (inbox.css, inbox.js, timeline.css), and `GET /live`
+(live.py); the runs explorer is explorer.py, the run page run_page.py, both on these pages and
+sessions. Who may see what is the JSON API's rule (api.Access); what a refusal means is its
+table too. Every form carries a CSRF token tied to the session, and every POST must come from
+one of this server's origins (http.Site). Templates autoescape everything; values reach the
+page only as text or attributes, never inside a script (the CSP forbids inline ones anyway), and
+every control, bidi or zero-width character in them is spelled out as `<U+XXXX>` (tether.text),
+styled apart where the `shown` filter renders it.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,18 +24,15 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, urlencode
 
 from fastapi import APIRouter, HTTPException, Request, Response
-from fastapi.datastructures import QueryParams
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup, escape
 
 from tether.app import App
 from tether.approvals.model import Approval
-from tether.core.handle import RunInfo
 from tether.errors import ApprovalRefused, ConfigurationError, SerializationError
-from tether.server.api import _REFUSED_STATUS, Access, RunFilters, admin_page, reviewer_page
+from tether.server.api import _REFUSED_STATUS, Access
 from tether.server.auth import SESSION_COOKIE, Auth, SignInRefused, client_of
-from tether.server.counts import recent_counts
 from tether.server.http import Site, origin
 from tether.server.live import (
     Scope,
@@ -48,11 +42,10 @@ from tether.server.live import (
     state,
 )
 from tether.server.sse import event_stream, start_offset
-from tether.store.port import RunStatus
 from tether.streams import check_stream_key
 from tether.text import pieces, visible
 from tether.users import User
-from tether.views import history_json, run_json, takes_response
+from tether.views import history_json, takes_response
 
 HERE = Path(__file__).parent
 ASSETS = {"inbox.css": "text/css; charset=utf-8", "inbox.js": "text/javascript; charset=utf-8",
@@ -66,12 +59,6 @@ ICON = (
     'stroke-linecap="round"/></svg>'
 )
 _FIELD_LIMIT = 64
-PER_PAGE = 50  # runs on a page of the explorer, unless ?limit= says otherwise
-MAX_PER_PAGE = 200
-# The explorer's filters given as text, each with its longest value: GET /api/runs's limits,
-# so that a view means the same on both (the times are read as datetimes, 64 characters at most).
-TEXT_FILTERS = {"workflow": 200, "queue": 128, "version": 200, "started_by": 200, "q": 512,
-                "since": 64, "until": 64}  # fmt: skip
 _LOCAL_PATH = re.compile(r"/(?![/\\])[^\s\\]{0,1999}")
 
 
@@ -163,72 +150,6 @@ def templates() -> Environment:
     )  # fmt: skip
     env.globals["quote"] = lambda text: quote(str(text), safe="")
     return env
-
-
-# -- the runs explorer ----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class RunsView:
-    """One view of the runs explorer, read from its query string: the filters, the values as
-    sent (to fill the form and build links), the statuses ticked, the page size and cursor."""
-
-    filters: RunFilters
-    entered: Mapping[str, str]  # every non-empty filter parameter but status, as sent
-    statuses: tuple[str, ...]
-    limit: int = PER_PAGE
-    cursor: str | None = None
-
-    def url(self, *, cursor: str | None = None, status: str | None = None) -> str:
-        """This view's address on the page after `cursor` (None: the first page); `status`
-        shows that status alone."""
-        pairs = [("status", s) for s in ((status,) if status else self.statuses)]
-        pairs += [*self.entered.items(), *([("limit", str(self.limit))] * (self.limit != PER_PAGE))]
-        pairs += [("cursor", cursor)] if cursor else []
-        return "/runs" + (f"?{urlencode(pairs)}" if pairs else "")
-
-
-def read_view(query: QueryParams) -> tuple[RunsView, list[str]]:
-    """The explorer's view of a query string, and what is wrong with it (nothing: []). Empty
-    fields mean "any" (a GET form sends them all); unknown parameters are ignored, as links
-    from elsewhere may carry some."""
-    known = [s.value for s in RunStatus]
-    sent = query.getlist("status")
-    errors = [f"Status {s!r} is not one of {', '.join(known)}." for s in sent if s not in known]
-    statuses = tuple(s for s in known if s in sent)
-    entered: dict[str, str] = {}
-    for name, longest in TEXT_FILTERS.items():
-        values = [v for v in query.getlist(name) if v]
-        if len(values) > 1:
-            errors.append(f"Give {name} once (it was given {len(values)} times).")
-        elif values and len(values[0]) > longest:
-            errors.append(f"{name} is {len(values[0])} characters long; at most {longest} are.")
-        elif values:
-            entered[name] = values[0]
-    moments: dict[str, datetime] = {}
-    for name in ("since", "until"):
-        if value := entered.get(name):
-            try:  # datetime-local sends no zone: the page says its times are UTC
-                at = datetime.fromisoformat(value)
-                moments[name] = at if at.utcoffset() is not None else at.replace(tzinfo=UTC)
-            except ValueError:
-                errors.append(f"{name} {value!r} is not a date and time: use YYYY-MM-DDTHH:MM "
-                              f"(UTC), as the form's picker gives.")  # fmt: skip
-    if len(moments) == 2 and moments["since"] >= moments["until"]:
-        errors.append("The time range is empty: since must be earlier than until.")
-    limit, given = PER_PAGE, query.get("limit", "")
-    if given.isdigit() and 1 <= int(given) <= MAX_PER_PAGE:
-        limit = int(given)
-    elif given:
-        errors.append(f"limit {given[:20]!r} is not a whole number from 1 to {MAX_PER_PAGE}.")
-    cursor = query.get("cursor") or None
-    if cursor is not None and len(cursor) > 2048:
-        errors.append("The cursor is too long to be one: follow the page's Next link.")
-    text = {name: entered.get(name) for name in ("workflow", "queue", "version", "started_by")}
-    filters = RunFilters(status=[RunStatus(s) for s in statuses] or None, **text,
-                         since=moments.get("since"), until=moments.get("until"),
-                         id_prefix=entered.get("q"))  # fmt: skip
-    return RunsView(filters, entered, statuses, limit, cursor), errors
 
 
 # -- requests ------------------------------------------------------------------------------------
@@ -363,58 +284,6 @@ class Inbox:
             refusal=refusal,
             entered=entered or {},
         )
-
-    async def runs(self, request: Request, visitor: Visitor) -> Response:
-        """The runs explorer: a page of the view's runs (group admin: of all runs; others: of
-        those with approvals they may decide, the JSON API's rule), the counts by status (group
-        admin), the next page's link; a view that cannot be read: the page, its errors, 400."""
-        started = time.perf_counter()
-        view, errors = read_view(request.query_params)
-        runs: list[RunInfo] = []
-        after: str | None = None
-        if not errors:
-            try:
-                if visitor.user.is_admin:
-                    runs, after = await admin_page(self.app, view.filters, view.limit, view.cursor)
-                else:
-                    runs, after = await reviewer_page(
-                        self.app, visitor.user, view.filters, view.limit, view.cursor
-                    )
-            except ConfigurationError:  # a cursor that is not one (read_cursor says why)
-                errors.append(
-                    "The cursor in this address is not one this page made: follow the page's "
-                    "Next link, or start again from the first page."
-                )
-        # Counts of every run, so group admin alone: a reviewer's scope is their own runs.
-        counts: dict[str, int] = {}
-        if visitor.user.is_admin:
-            stats = await recent_counts(self.app).get()
-            counts = {str(s): n for s, n in stats.runs.items()}
-        queried = time.perf_counter()  # the listing and the counts done
-        # Live updates re-fetch this very view (filters and cursor); a view with errors has
-        # nothing to follow.
-        watch = None if errors else Watch(Scope.RUNS)
-        digest = "" if watch is None else await state(self.app, visitor.user, watch)
-        page = self.page(
-            "runs.html",
-            visitor,
-            400 if errors else 200,
-            watch=watch,
-            digest=digest,
-            here=view.url(cursor=view.cursor),
-            view=view,
-            errors=errors,
-            statuses=[s.value for s in RunStatus],
-            counts=counts,
-            runs=[(r, run_json(r)) for r in runs],  # the JSON view: its error redacted
-            next_url=None if after is None else view.url(cursor=after),
-            first_url=view.url() if view.cursor else None,
-            per_page=PER_PAGE,
-        )
-        # What the page cost on the server, all of it and its queries (devtools show them).
-        spent = [(time.perf_counter() - started) * 1000, (queried - started) * 1000]
-        page.headers["Server-Timing"] = "runs;dur={:.2f}, query;dur={:.2f}".format(*spent)
-        return page
 
     def not_found(self, visitor: Visitor, what: str, ident: str) -> Response:
         return self.problem(
@@ -590,11 +459,6 @@ def build_inbox(app: App, inbox: Inbox | None = None) -> APIRouter:
     @router.post("/approvals/{approval_id}/decision")
     async def decision(request: Request, approval_id: str) -> Response:
         return await inbox.decide(request, approval_id)
-
-    @router.get("/runs")
-    async def runs(request: Request) -> Response:
-        visitor = await inbox.visitor(request)
-        return inbox.to_sign_in(request) if visitor is None else await inbox.runs(request, visitor)
 
     @router.get("/live/streams")
     async def run_stream(request: Request, run: str, key: str = "tokens") -> Response:

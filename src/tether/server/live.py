@@ -11,8 +11,10 @@ closing an idle stream. The stream ends when the client goes
 away, when the session ends (event `signed-out`) or when the watched object is no longer
 visible (event `gone`); EventSource reconnects by itself after anything else.
 
-The queries here decide what a user sees on each page; inbox.py renders from the same ones.
-The operations pages' are operations.py's, for group admin alone (anyone else: 403, `gone`).
+The queries here decide what a user sees on each page; inbox.py renders from the same ones. The
+runs explorer's watch carries its view (its query string as the id): explorer.py reads it again
+and lists what that page shows, filters, cursor and counts included. The operations pages' are
+operations.py's, for group admin alone (anyone else: 403, `gone`).
 """
 
 from __future__ import annotations
@@ -31,8 +33,7 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from tether.app import App
 from tether.approvals.model import Approval
-from tether.core.handle import RunInfo
-from tether.errors import RunNotFound, StoreUnavailable
+from tether.errors import StoreUnavailable
 from tether.server.api import Access
 from tether.server.auth import Auth
 from tether.server.operations import PAGES
@@ -45,8 +46,7 @@ POLL_SECONDS = 0.5
 OPS_POLLS = 4
 HEARTBEAT_SECONDS = 15.0
 RETRY_MILLISECONDS = 2000  # how long EventSource waits before reconnecting
-RUNS_SHOWN = 200
-_MANY = 10_000  # approvals looked at to find a reviewer's runs (as the JSON API does)
+MAX_ID = 512  # of a run or an approval (a runs view's query string is explorer.py's to judge)
 
 
 # -- what a user sees ---------------------------------------------------------------------------
@@ -57,22 +57,6 @@ async def pending_for(app: App, user: User) -> list[Approval]:
     return await app.list_approvals(
         "pending", reviewer=None if user.is_admin else user.reviewer, limit=1000
     )
-
-
-async def runs_for(app: App, user: User) -> list[RunInfo]:
-    """Runs, newest first: all of them for group admin, else the runs of approvals the user may
-    decide (the JSON API's rule)."""
-    if user.is_admin:
-        return await app.list_runs(limit=RUNS_SHOWN)
-    mine = {a.run_id for a in await app.list_approvals(None, reviewer=user.reviewer, limit=_MANY)}
-    found = []
-    for run_id in mine:
-        try:
-            found.append(await (await app.get(run_id)).info())
-        except RunNotFound:
-            continue
-    found.sort(key=lambda r: (r.created_at, r.id), reverse=True)
-    return found[:RUNS_SHOWN]
 
 
 async def approvals_of_run(app: App, user: User, run_id: str) -> list[Approval]:
@@ -99,8 +83,8 @@ TAKES_ID = frozenset({Scope.RUN, Scope.APPROVAL, Scope.OPS})
 
 @dataclass(frozen=True, slots=True)
 class Watch:
-    """What one page shows: the inbox, the runs, or one run, approval or operations page (by
-    `id`)."""
+    """What one page shows: the inbox, one view of the runs explorer (`id`: its query string),
+    or one run, approval or operations page (by `id`)."""
 
     scope: Scope
     id: str = ""
@@ -120,13 +104,16 @@ def digest(parts: object) -> str:
 async def state(app: App, user: User, watch: Watch) -> str:
     """A digest of what `watch` shows `user`: it changes exactly when the page would. Raises
     HTTPException(404) for a run or approval the user may not see or an unknown operations
-    page, HTTPException(403) for an operations page and a user outside group admin."""
+    page, (403) for an operations page and a user outside group admin, (400) for a runs view
+    that cannot be read."""
     access = Access(app)
     parts: object
     if watch.scope is Scope.INBOX:
         parts = [[a.id, a.status, a.approvers] for a in await pending_for(app, user)]
     elif watch.scope is Scope.RUNS:
-        parts = [[r.id, r.status, iso(r.updated_at)] for r in await runs_for(app, user)]
+        from tether.server.explorer import watched  # not at the top: it imports this module
+
+        parts = await watched(app, user, watch.id)
     elif watch.scope is Scope.RUN:
         await access.run(watch.id, user)
         handle = await app.get(watch.id)
@@ -198,7 +185,9 @@ def build_live(app: App) -> APIRouter:
     async def live(
         request: Request,
         scope: Annotated[str, Query(max_length=16)] = "inbox",
-        id: Annotated[str, Query(max_length=512)] = "",
+        # A runs view's query string may be longer than an id: explorer.watched bounds each
+        # of its fields, as the page does.
+        id: Annotated[str, Query(max_length=65_536)] = "",
     ) -> Response:
         auth: Auth = request.app.state.auth
         # Not activity: EventSource reconnects by itself, which must not keep an idle session.
@@ -209,9 +198,15 @@ def build_live(app: App) -> APIRouter:
             watch = Watch(Scope(scope), id)
         except ValueError:
             return PlainTextResponse(f"scope is one of {[s.value for s in Scope]}", 400)
-        if (watch.scope in TAKES_ID) != bool(id):
-            return PlainTextResponse("scopes run, approval and ops take an id; the others none",
-                                     400)  # fmt: skip
+        # Runs, approvals and operations pages by id; the inbox has none; a runs view is its
+        # query string (empty: the first page of all runs), read as its page reads it
+        # (explorer.watched).
+        if watch.scope is not Scope.RUNS:
+            if (watch.scope in TAKES_ID) != bool(id):
+                return PlainTextResponse("scopes run, approval and ops take an id; inbox none",
+                                         400)  # fmt: skip
+            if len(id) > MAX_ID:
+                return PlainTextResponse(f"an id is at most {MAX_ID} characters long", 422)
         try:
             first = await state(app, signed.user, watch)
         except HTTPException as exc:

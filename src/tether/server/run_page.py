@@ -1,6 +1,7 @@
 """The run page (`GET /runs/{id}`): a run's state in words, its timeline, its event history with
 inputs and outputs, its values, parent and children, an agent run's conversation, and for group
-admin the actions cancel, resume, send an event and fork; plus `GET /api/runs/{id}/transcript`.
+admin the actions cancel (asked first: `?confirm=cancel`), resume, send an event and fork; plus
+`GET /api/runs/{id}/transcript`.
 
 It decides no access of its own (api.Access, the inbox's sessions and CSRF tokens) and holds no
 engine logic: actions call the App. Everything shown is redacted (tether.views) and escaped.
@@ -57,6 +58,18 @@ DONE = {
     "fork": "Forked: this is the new run.",
 }
 _RESUMABLE = frozenset({RunStatus.FAILED, RunStatus.DEAD, RunStatus.HELD})
+# What cancelling does to a run in its status, as the confirmation page says before it is done
+# (handle.cancel: a waiting or pending run ends now, a running one at its next await).
+CANCELS = {
+    RunStatus.PENDING: "No worker has claimed it yet: it ends cancelled now.",
+    RunStatus.WAITING: "It is waiting: it ends cancelled now, and nothing it waits for wakes it.",
+    RunStatus.HELD: "It is held: it ends cancelled now, instead of waiting for code that "
+    "replays it.",
+    RunStatus.RUNNING: "It is running on worker {owner}: it ends cancelled at its next await "
+    "(the workflow and the step it awaits see the cancellation), at once if this server runs "
+    "that worker, else at the worker's next heartbeat; a worker that adopts it from a lost "
+    "owner ends it before it goes on.",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,24 +214,54 @@ class RunPage:
 
     async def _do(self, action: str, run_id: str, entered: dict[str, str], who: Visitor) -> str:
         """Do the action; the run to show afterwards (a fork's new run)."""
-        if action == "cancel":
-            await (await self.app.get(run_id)).cancel()
-        elif action == "resume":
-            await self.app.resume(run_id)
-        elif action == "send":
-            key = entered["key"].strip()
-            text = entered["payload"].strip()
-            try:
-                payload = json.loads(text) if text else None
-            except ValueError as exc:
-                raise ConfigurationError(
-                    f"the payload is not JSON ({exc}); fix it and send again"
-                ) from None
-            await self.app.send(run_id, key, payload)
-        else:
-            fork = await self.app.fork(run_id, entered["from_step"], started_by=who.user.name)
-            return fork.id
+        do = {"cancel": self._cancel, "resume": self._resume, "send": self._send,
+              "fork": self._fork}  # fmt: skip
+        return await do[action](run_id, entered, who)
+
+    async def _cancel(self, run_id: str, entered: dict[str, str], who: Visitor) -> str:
+        await (await self.app.get(run_id)).cancel()
         return run_id
+
+    async def _resume(self, run_id: str, entered: dict[str, str], who: Visitor) -> str:
+        await self.app.resume(run_id)
+        return run_id
+
+    async def _send(self, run_id: str, entered: dict[str, str], who: Visitor) -> str:
+        key = entered["key"].strip()
+        text = entered["payload"].strip()
+        try:
+            payload = json.loads(text) if text else None
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"the payload is not JSON ({exc}); fix it and send again"
+            ) from None
+        await self.app.send(run_id, key, payload)
+        return run_id
+
+    async def _fork(self, run_id: str, entered: dict[str, str], who: Visitor) -> str:
+        fork = await self.app.fork(run_id, entered["from_step"], started_by=who.user.name)
+        return fork.id
+
+    async def confirm_cancel(self, visitor: Visitor, run_id: str) -> Response:
+        """The page that asks before a cancel (`GET /runs/{id}?confirm=cancel`): what cancelling
+        does to this run in its state, and the form that does it (the action's POST). Group
+        admin only (403); a run the visitor may not see: 404; a finished one: 409, no form."""
+        inbox = self.inbox
+        try:
+            await inbox.access.run(run_id, visitor.user)
+        except HTTPException:
+            return inbox.not_found(visitor, "run", run_id)
+        if not visitor.user.is_admin:
+            return inbox.problem(visitor, 403, "Refused", "Only group admin may act on runs.")
+        handle = await self.app.get(run_id)
+        info = await handle.info()
+        record = await self.app.engine.store.get_run(run_id)
+        approvals = await approvals_of_run(self.app, visitor.user, run_id)
+        children = await self._visible(visitor, child_ids(await handle.checkpoints()))
+        effects = cancel_effects(info, record, approvals, children)
+        return inbox.page("run_cancel.html", visitor, 409 if info.status.terminal else 200,
+                          run=run_json(info), effects=effects,
+                          finished=info.status.terminal)  # fmt: skip
 
 
 # -- what the page shows -------------------------------------------------------------------------
@@ -263,6 +306,26 @@ def facts(
     pending = [a for a in approvals if a.status == "pending"]
     for a in pending:
         out.append(f"Approval pending: {a.title!s} (expires {_when(a.expires_at.timestamp())}).")
+    return out
+
+
+def cancel_effects(
+    info: RunInfo, record: RunRecord | None, approvals: list[Approval], children: list[RunInfo]
+) -> list[str]:
+    """What cancelling does to this run, in sentences (CANCELS, then what goes with it)."""
+    said = CANCELS.get(info.status)
+    if said is None:
+        return [f"It has finished ({info.status}): there is nothing to cancel."]
+    out = [said.format(owner=(record.owner if record else None) or "?")]
+    if record is not None and record.cancel_requested:
+        out.append("Cancel has been requested already: asking again changes nothing.")
+    if pending := sum(a.status == "pending" for a in approvals):
+        out.append(f"Its pending approvals ({pending}) end cancelled: a cancelled approval "
+                   f"approves nothing.")  # fmt: skip
+    if unfinished := sum(not c.status.terminal for c in children):
+        out.append(f"Its unfinished child runs ({unfinished}) are cancelled the same way.")
+    out.append("A cancelled run has finished for good: it cannot be resumed (a fork can start a "
+               "new run from its recorded steps).")  # fmt: skip
     return out
 
 
@@ -313,10 +376,13 @@ def build_run_page(
     pages = RunPage(app, inbox or Inbox(app), prices)
 
     @router.get("/runs/{run_id:path}", include_in_schema=False)
-    async def run(request: Request, run_id: str, done: str = "") -> Response:
+    async def run(request: Request, run_id: str, done: str = "", confirm: str = "") -> Response:
         visitor = await pages.inbox.visitor(request)
         if visitor is None:
             return pages.inbox.to_sign_in(request)
+        # A query, not a path segment: a run id may end with "/cancel" (it may hold "/").
+        if confirm == "cancel":
+            return await pages.confirm_cancel(visitor, run_id)
         return await pages.show(visitor, run_id, done=done)
 
     # The run id may hold "/" (a child's id): the action is the last segment of the path.
