@@ -145,7 +145,14 @@ LAYERS: list[tuple[str, ...]] = [
         "tether.retention",
     ),
     ("tether.agents", "tether.models"),
-    ("tether.app", "tether.sync", "tether.testing", "tether.views", "tether.users"),
+    (
+        "tether.app",
+        "tether.sync",
+        "tether.testing",
+        "tether.views",
+        "tether.users",
+        "tether.actions",
+    ),
     ("tether.integrations",),  # bridges to other frameworks: may use the App, never the reverse
     ("tether.server",),
     ("tether.cli", "tether.__main__", "tether"),

@@ -22,10 +22,11 @@ EXPECTED_SQLITE_TABLES = {
     "tether_approvals", "tether_approval_audit", "tether_stream_entries",
     "tether_outbox", "tether_schedules", "tether_values", "tether_forks", "tether_secrets",
     "tether_sessions",
+    "tether_actions",
 }  # fmt: skip
 # 0: the file's versions are numbered like PostgreSQL's (the same files in both dialects).
-SQLITE_VERSIONS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
-POSTGRES_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18]
+SQLITE_VERSIONS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+POSTGRES_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
 GOLDEN = Path(__file__).parent / "golden"
 
 

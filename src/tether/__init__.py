@@ -27,7 +27,7 @@ append-only logs, offset by offset, that `app.read_stream` follows live; a faile
 attempt's chunks are retracted by a reset marker.
 
 Layering, imports pointing downwards only (tests/test_layout.py; docs/architecture.md maps
-every module): cli -> server -> integrations -> app, sync, testing, views, users -> agents,
+every module): cli -> server -> integrations -> app, sync, testing, views, users, actions -> agents,
 models -> approvals, streams, telemetry, outbox, schedules, values, forks, retention -> core
 (the engine) -> store (the Store port, its operations written once as named queries, run by
 the SQLite or the PostgreSQL driver; the backend is chosen by URL at run time, never imported

@@ -166,6 +166,6 @@ async def test_label_values_are_escaped(tmp_path: object) -> None:
 async def test_metrics_are_not_in_the_openapi_document(client: httpx.AsyncClient) -> None:
     document = (await client.get("/openapi.json")).json()
     assert "/metrics" not in document["paths"]
-    assert len(document["paths"]) == 17  # the five of the operations pages included
+    assert len(document["paths"]) == 19  # the five of the operations pages, the two of the trail
     assert all(path.startswith("/api/") for path in document["paths"])
     assert (await client.get("/metrics")).status_code == 401  # served all the same

@@ -39,6 +39,7 @@ from tests.server.ops_kit import (
 )
 
 import tether
+from tether.actions import list_actions
 from tether.clock import to_datetime
 from tether.core.workflow import Named
 from tether.server import create_server, live
@@ -242,6 +243,15 @@ async def test_retrying_over_the_api_sends_a_failed_message_again_and_refuses_ot
     assert unknown.status_code == 409
     assert "no outbox message has id 'tether-msg-nope'" in unknown.json()["detail"]
     assert setup.sender.accepted == [before.key]
+    # The trail of actions keeps each, the refused ones with their reasons.
+    kept = await list_actions(app, subject=setup.message_id)
+    assert [(a.actor, a.via, a.client, a.action, a.outcome) for a in kept] == [
+        ("root", "api", "127.0.0.1", "retry", "refused"),
+        ("root", "api", "127.0.0.1", "retry", "done"),
+    ]
+    assert "is delivered; only a failed one is sent again" in kept[0].detail
+    [nope] = await list_actions(app, subject="tether-msg-nope")
+    assert nope.outcome == "refused"
 
 
 # -- who may ---------------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         yield running
 
 
-OPERATIONS = 18  # the document's operations: a new route must be added to the fuzzing too
+OPERATIONS = 20  # the document's operations: a new route must be added to the fuzzing too
 
 
 def test_the_api_honours_its_openapi_document(served: Served) -> None:

@@ -10,6 +10,8 @@ import json
 
 import click
 
+from tether.actions import Actor, recorded
+from tether.app import App
 from tether.cli.common import CliError, chosen, database_options, run_with_app
 
 
@@ -40,7 +42,12 @@ def events_send(ctx: click.Context, run_id: str, key: str, payload: str, as_json
             f"PAYLOAD must be JSON text ({exc.msg} at character {exc.pos} of {payload!r}); "
             f"quote it whole for the shell, e.g. '{{\"x\": 1}}', '\"some text\"', 42 or null"
         ) from None
-    run_with_app(ctx, lambda app: app.send(run_id, key, value))
+
+    async def work(app: App) -> None:
+        async with recorded(app, Actor.cli(), "send", run_id, detail=f"event {key!r}"):
+            await app.send(run_id, key, value)
+
+    run_with_app(ctx, work)
     if as_json:
         click.echo(json.dumps({"run": run_id, "key": key, "sent": True}))
         return

@@ -17,6 +17,7 @@ import click
 from rich.pretty import Pretty
 from rich.text import Text
 
+from tether.actions import Actor, recorded
 from tether.app import App
 from tether.cli.common import (
     chosen,
@@ -296,7 +297,8 @@ def runs_cancel(ctx: click.Context, run_id: str, as_json: bool) -> None:
     async def work(app: App) -> tuple[RunStatus, RunStatus]:
         handle = await app.get(run_id)
         before = await handle.status()
-        await handle.cancel()
+        async with recorded(app, Actor.cli(), "cancel", run_id):
+            await handle.cancel()
         return before, await handle.status()
 
     before, after = run_with_app(ctx, work)
@@ -326,7 +328,8 @@ def runs_resume(ctx: click.Context, run_id: str, as_json: bool) -> None:
     """
 
     async def work(app: App) -> RunStatus:
-        handle = await app.resume(run_id)
+        async with recorded(app, Actor.cli(), "resume", run_id):
+            handle = await app.resume(run_id)
         return await handle.status()
 
     status = run_with_app(ctx, work)
@@ -363,7 +366,10 @@ def runs_fork(
     """
 
     async def work(app: App) -> RunInfo:
-        handle = await app.fork(run_id, from_step, id=new_id)
+        about = f"from step {from_step!r}"
+        async with recorded(app, Actor.cli(), "fork", run_id, detail=about) as said:
+            handle = await app.fork(run_id, from_step, id=new_id)
+            said.detail = f"{about}: new run {handle.id}"
         return await handle.info()
 
     info = run_with_app(ctx, work)

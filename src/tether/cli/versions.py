@@ -11,6 +11,7 @@ import json
 import click
 from rich.text import Text
 
+from tether.actions import Actor, recorded
 from tether.app import App
 from tether.cli.common import console, run_with_app, shown, status_text
 from tether.cli.runs import runs
@@ -50,7 +51,8 @@ def runs_move_version(
     async def work(app: App) -> RunRecord:
         await app.open()
         target = declared_version(app.engine) if version is None else version
-        return await move_version(app.engine, run_id, target)
+        async with recorded(app, Actor.cli(), "move-version", run_id, detail=f"to {target!r}"):
+            return await move_version(app.engine, run_id, target)
 
     record = run_with_app(ctx, work)
     if as_json:

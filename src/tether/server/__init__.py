@@ -17,6 +17,7 @@ from fastapi import FastAPI
 
 from tether.app import App
 from tether.errors import ApprovalRefused
+from tether.server.actions import build_actions
 from tether.server.api import build_router, refused
 from tether.server.auth import IDLE_SECONDS, SESSION_SECONDS, Auth, SignInRefused
 from tether.server.console import build_console
@@ -72,6 +73,7 @@ def create_server(
     server.add_exception_handler(ApprovalRefused, refused)
     server.add_exception_handler(SignInRefused, inbox.refused)
     server.include_router(build_router(app))
+    server.include_router(build_actions(app))  # /api/actions: the trail, for group admin
     if oidc is not None:
         server.include_router(build_oidc(app, oidc))
     server.include_router(build_inbox(app, inbox))  # the inbox for people, its assets and /live

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
+from tether.actions import Actor, recorded
 from tether.app import App
 from tether.approvals.model import Approval
 from tether.core.handle import RunInfo
@@ -252,6 +253,11 @@ async def reviewer_page(
     return shown, cursor
 
 
+def acting(user: User, request: Request) -> Actor:
+    """The user of a request to the API, as the trail of actions names them."""
+    return Actor(user.name, "api", client_of(request))
+
+
 def build_router(app: App) -> APIRouter:
     router = APIRouter(prefix="/api", route_class=StrictRoute, responses=ERRORS)
     access = Access(app)
@@ -321,11 +327,12 @@ def _run_routes(router: APIRouter, app: App, access: Access) -> None:
                 "approvals": [approval_json(a) for a in approvals]}  # fmt: skip
 
     @router.post("/runs/{run_id}/cancel", summary="Cancel a run (group admin)")
-    async def cancel_run(run_id: RunId, user: CurrentUser) -> dict[str, Any]:
+    async def cancel_run(run_id: RunId, user: CurrentUser, request: Request) -> dict[str, Any]:
         await access.run(run_id, user)
         access.admin(user, "cancel runs")
         handle = await app.get(run_id)
-        await handle.cancel()
+        async with recorded(app, acting(user, request), "cancel", run_id):
+            await handle.cancel()
         return run_json(await handle.info())
 
     @router.post("/runs/{run_id}/events/{key}", summary="Send an event to a run (group admin)",
@@ -334,12 +341,15 @@ def _run_routes(router: APIRouter, app: App, access: Access) -> None:
         run_id: RunId,
         key: Annotated[str, Path(min_length=1, max_length=256)],
         user: CurrentUser,
+        request: Request,
         payload: Annotated[Any, Body()] = None,
     ) -> dict[str, str]:
         await access.run(run_id, user)
         access.admin(user, "send events")
         try:
-            await app.send(run_id, key, payload)
+            async with recorded(app, acting(user, request), "send", run_id,
+                                detail=f"event {key!r}"):  # fmt: skip
+                await app.send(run_id, key, payload)
         except (ConfigurationError, SerializationError) as exc:
             raise HTTPException(422, str(exc)) from None
         except EventRefused as exc:
@@ -440,11 +450,17 @@ def _value_routes(router: APIRouter, app: App, access: Access) -> None:
 
     @router.post("/runs/{run_id}/fork", summary="Fork a run from one of its steps (group admin)",
                  status_code=201)  # fmt: skip
-    async def fork(run_id: RunId, body: ForkIn, user: CurrentUser) -> dict[str, Any]:
+    async def fork(
+        run_id: RunId, body: ForkIn, user: CurrentUser, request: Request
+    ) -> dict[str, Any]:
         await access.run(run_id, user)
         access.admin(user, "fork runs")
         try:
-            handle = await app.fork(run_id, body.from_step, id=body.id, started_by=user.name)
+            async with recorded(app, acting(user, request), "fork", run_id,
+                                detail=f"from step {body.from_step!r}") as said:  # fmt: skip
+                handle = await app.fork(run_id, body.from_step, id=body.id,
+                                        started_by=user.name)  # fmt: skip
+                said.detail = f"from step {body.from_step!r}: new run {handle.id}"
         except (ConfigurationError, IdempotencyConflict) as exc:
             # The run's history has no such step or cannot be reused, or the id is taken.
             raise HTTPException(409, str(exc)) from None
@@ -568,9 +584,7 @@ def _ops_routes(router: APIRouter, app: App) -> None:
         message_id: MessageId, user: CurrentUser, request: Request
     ) -> OutboxMessageOut:
         Access.admin(user, "send outbox messages again")
-        client = client_of(request)
         try:
-            return await operations.retry_message(app, message_id, actor=user.name,
-                                                  client=client, channel="api")  # fmt: skip
+            return await operations.retry_message(app, message_id, acting(user, request))
         except ConfigurationError as exc:
             raise HTTPException(409, redact_text(str(exc))) from None

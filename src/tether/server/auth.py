@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING, Literal
 
 from fastapi import HTTPException, Request
 
+from tether.actions import Actor
+from tether.actions import record as record_action
 from tether.app import App
 from tether.errors import ConfigurationError
 from tether.server.throttle import Throttle
@@ -178,22 +180,27 @@ class Auth:
     def _sign(self, payload: bytes) -> str:
         return hmac.new(self.secret, payload, hashlib.sha256).hexdigest()
 
-    async def open_session(self, token: str) -> tuple[User, str] | None:
+    async def open_session(self, token: str, request: Request) -> tuple[User, str] | None:
         """The user and a new session's cookie value for a valid token, or None."""
         user = await authenticate(self.app.engine, token)
         if user is None:
             return None
-        return user, await self.start_session(user)
+        return user, await self.start_session(user, request, "with a token")
 
-    async def start_session(self, user: User, groups: frozenset[str] | None = None) -> str:
-        """A new session of `user` (who proved who they are), as its cookie's value. `groups`,
-        from an identity provider, replace the user's own for this session: they travel in
-        the cookie, under its signature, so every server process sharing the secret agrees."""
+    async def start_session(
+        self, user: User, request: Request, how: str, groups: frozenset[str] | None = None
+    ) -> str:
+        """A new session of `user` (who proved who they are, `how`: kept in the trail of
+        actions), as its cookie's value. `groups`, from an identity provider, replace the
+        user's own for this session: they travel in the cookie, under its signature, so every
+        server process sharing the secret agrees."""
         session_id = secrets.token_urlsafe(32)
         now = self.now()
         record = SessionRecord(_hash(session_id), user.name, now, now, now + self.lifetime,
                                self.idle)  # fmt: skip
         await self.app.engine.store.create_session(record, now)
+        await record_action(self.app, Actor(user.name, "page", client_of(request)), "sign-in",
+                            user.name, detail=how)  # fmt: skip
         payload = session_id
         if groups is not None:
             packed = json.dumps(sorted(groups), separators=(",", ":")).encode()
@@ -248,12 +255,17 @@ class Auth:
             user = dataclasses.replace(user, groups=groups)
         return Signed(user, session_id)
 
-    async def end_session(self, request: Request) -> bool:
-        """End the request's session (sign-out); whether there was one to end."""
+    async def end_session(self, request: Request, user: User) -> bool:
+        """End the request's session (sign-out by `user`, kept in the trail of actions);
+        whether there was one to end."""
         found = self._session_id(request)
         if found is None:
             return False
-        return await self.app.engine.store.end_session(_hash(found[0]), self.now())
+        ended = await self.app.engine.store.end_session(_hash(found[0]), self.now())
+        if ended:
+            await record_action(self.app, Actor(user.name, "page", client_of(request)),
+                                "sign-out", user.name)  # fmt: skip
+        return ended
 
     async def still_valid(self, request: Request, via: Literal["bearer", "session"]) -> bool:
         """Whether what opened this request (its bearer token on the API, its session in the

@@ -10,6 +10,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 
+from tether.actions import Actor
 from tether.app import App
 from tether.errors import ConfigurationError
 from tether.redact import redact_text
@@ -76,8 +77,9 @@ class Console:
         if not visitor.user.is_admin:
             return self.not_admin(visitor)
         try:
-            await retry_message(self.app, message_id, actor=visitor.user.name,
-                                client=client_of(request), channel="ops")  # fmt: skip
+            await retry_message(
+                self.app, message_id, Actor(visitor.user.name, "page", client_of(request))
+            )
         except ConfigurationError as exc:  # unknown, or not failed (sent again already)
             return inbox.problem(visitor, 409, "Not sent again", redact_text(str(exc)))
         return RedirectResponse("/ops/outbox", 303)

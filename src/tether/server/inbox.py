@@ -306,7 +306,7 @@ class Inbox:
             return self.problem(None, 400, "Unreadable form", str(exc))
         auth: Auth = request.app.state.auth
         target = local_path(form.get("next"))
-        opened = await auth.open_session(form.get("token", "").strip())
+        opened = await auth.open_session(form.get("token", "").strip(), request)
         if opened is None:
             try:  # only failures are slowed: a valid token signs in (see Auth.bearer)
                 auth.check_throttle(request)
@@ -442,7 +442,9 @@ def build_inbox(app: App, inbox: Inbox | None = None) -> APIRouter:
                 visitor.session, form.get("csrf", "")
             ):
                 return inbox.forged(visitor)
-            await auth.end_session(request)  # the cookie and its CSRF token open nothing now
+            await auth.end_session(
+                request, visitor.user
+            )  # the cookie and its CSRF token open nothing now
         response = RedirectResponse("/", 303)
         response.delete_cookie(
             SESSION_COOKIE, path="/", secure=auth.secure, httponly=True, samesite="strict"

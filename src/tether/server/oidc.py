@@ -284,7 +284,7 @@ class Oidc:
                                   f"a list of group names")  # fmt: skip
             groups = frozenset(g for g in given if isinstance(g, str) and _valid(g))
         log.info("inbox sign-in by OIDC: %s", visible(name, newlines=False))
-        return await auth.start_session(user, groups)
+        return await auth.start_session(user, request, "by OpenID Connect", groups)
 
     def refuse(self, request: Request, status: int, why: str) -> SignInRefused:
         auth: Auth = request.app.state.auth

@@ -11,11 +11,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.main import IncEx
 
+from tether.actions import Actor, recorded
 from tether.app import App
 from tether.clock import to_datetime
 from tether.errors import ConfigurationError
@@ -36,7 +37,7 @@ _SCAN_PAGE = 500
 LIST_LIMIT = 200  # rows per outbox section and on the dead runs page
 NEXT_SLOTS = 3  # upcoming slots shown per schedule
 SCHEDULE_RUNS = 5  # latest runs shown per schedule
-CHANNELS = {"ops": "the operations page", "api": "the JSON API"}  # where an action came from
+CHANNELS = {"page": "the operations page", "api": "the JSON API", "cli": "the CLI"}  # the via
 
 
 def _at(seconds: float) -> str:
@@ -334,17 +335,16 @@ async def outbox_page(app: App) -> OutboxPage:
     return OutboxPage(sections=sections, limit=LIST_LIMIT)
 
 
-async def retry_message(
-    app: App, message_id: str, *, actor: str, client: str, channel: Literal["ops", "api"]
-) -> OutboxMessageOut:
+async def retry_message(app: App, message_id: str, actor: Actor) -> OutboxMessageOut:
     """The action: send a failed message again (App.retry_outbox: pending, due now, the same
-    idempotency key), asked by `actor` from `client` through `channel`; logged. Raises
-    ConfigurationError for an unknown message or one that has not failed."""
-    sent = await app.retry_outbox(message_id)
+    idempotency key), asked by `actor`; logged and kept in the trail of actions (refused too).
+    Raises ConfigurationError for an unknown message or one that has not failed."""
+    async with recorded(app, actor, "retry", message_id):
+        sent = await app.retry_outbox(message_id)
     log.info(
         "outbox message %s is sent again, asked by %s from %s (%s)",
-        visible(message_id, newlines=False), visible(actor, newlines=False),
-        visible(client, newlines=False), CHANNELS[channel],
+        visible(message_id, newlines=False), visible(actor.name, newlines=False),
+        visible(actor.client, newlines=False), CHANNELS[actor.via],
     )  # fmt: skip
     return message_out(sent)
 

@@ -21,6 +21,7 @@ from fastapi.responses import RedirectResponse
 from markupsafe import Markup
 from pydantic import BaseModel
 
+from tether.actions import Actor, list_actions, recorded
 from tether.agents.transcript import Price, Transcript, transcript_json, transcript_of
 from tether.app import App
 from tether.approvals.model import Approval
@@ -57,6 +58,7 @@ DONE = {
     "send": "Event delivered.",
     "fork": "Forked: this is the new run.",
 }
+TRAIL_SHOWN = 50  # the newest actions on the run; GET /api/runs/{id}/actions pages the rest
 _RESUMABLE = frozenset({RunStatus.FAILED, RunStatus.DEAD, RunStatus.HELD})
 # What cancelling does to a run in its status, as the confirmation page says before it is done
 # (handle.cancel: a waiting or pending run ends now, a running one at its next await).
@@ -160,6 +162,9 @@ class RunPage:
             children=children,
             conversation=conversation(transcript),
             may_act=visitor.user.is_admin,
+            trail=await list_actions(self.app, subject=run_id, limit=TRAIL_SHOWN)
+            if visitor.user.is_admin
+            else [],
             resumable=info.status in _RESUMABLE,
             finished=info.status.terminal,
             done=DONE.get(done, ""),
@@ -196,8 +201,13 @@ class RunPage:
             return inbox.problem(visitor, 403, "Refused", "Only group admin may act on runs.")
         entered = {k: form.get(k, "") for k in ("key", "payload", "from_step")}
         target = run_id
+        actor = Actor(visitor.user.name, "page", client_of(request))
         try:
-            target = await self._do(action, run_id, entered, visitor)
+            async with recorded(self.app, actor, action, run_id,
+                                detail=about(action, entered)) as said:  # fmt: skip
+                target = await self._do(action, run_id, entered, visitor)
+                if target != run_id:
+                    said.detail += f": new run {target}"
         except TetherError as exc:
             # Refused by the library (a finished run, a step it did not record, a payload
             # that is not JSON): said on the page, with what was typed kept.
@@ -307,6 +317,15 @@ def facts(
     for a in pending:
         out.append(f"Approval pending: {a.title!s} (expires {_when(a.expires_at.timestamp())}).")
     return out
+
+
+def about(action: str, entered: Mapping[str, str]) -> str:
+    """What the trail of actions says of a page's action besides its name and run."""
+    if action == "send":
+        return f"event {entered['key'].strip()!r}"
+    if action == "fork":
+        return f"from step {entered['from_step']!r}"
+    return ""
 
 
 def cancel_effects(

@@ -14,6 +14,7 @@ from typing import Protocol, TypeVar
 
 from tether import faults
 from tether.store.ops import (
+    actions,
     approvals,
     checkpoints,
     events,
@@ -38,6 +39,7 @@ from tether.store.port import (
     StoreStats,
     WorkerInfo,
 )
+from tether.store.port.actions import NEWEST, ActionRecord
 from tether.store.port.approvals import (
     ApprovalChange,
     ApprovalRecord,
@@ -395,6 +397,23 @@ class SqlStore:
     async def end_sessions(self, user: str, now: float) -> int:
         return await self.driver.write(lambda: users.end_sessions(user, now),
                                        label=f"end_sessions:{user}", multi=False)  # fmt: skip
+
+    # -- actions ----------------------------------------------------------------------------
+
+    async def record_action(self, action: ActionRecord) -> int:
+        return await self.driver.write(lambda: actions.record_action(action),
+                                       label=f"record_action:{action.action}",
+                                       multi=False)  # fmt: skip
+
+    async def list_actions(
+        self,
+        *,
+        subject: str | None = None,
+        actor: str | None = None,
+        before: int = NEWEST,
+        limit: int = 100,
+    ) -> list[ActionRecord]:
+        return await self.driver.read(lambda: actions.list_actions(subject, actor, before, limit))
 
     # -- streams ----------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@
   (OutboxPort: transaction steps and messages), schedules.py (SchedulesPort), values.py
   (ValuesPort: values and forks), retention.py (RetentionPort): each feature's operations
   beside its records.
+- actions.py (ActionsPort): the trail of what people did to runs and messages (append, list).
 - maintenance.py (Maintenance): upkeep only the SQL drivers implement (pages, VACUUM, WAL).
 
 Each operation is one transaction: it happens whole or not at all. Writes made for a run are
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from tether.store.port.actions import ActionsPort
 from tether.store.port.approvals import ApprovalsPort
 from tether.store.port.maintenance import Maintenance
 from tether.store.port.outbox import OutboxPort
@@ -47,6 +49,7 @@ from tether.store.port.values import ValuesPort
 __all__ = [
     "POSITIONS",
     "TERMINAL_STATUSES",
+    "ActionsPort",
     "ApprovalsPort",
     "Checkpoint",
     "CheckpointStatus",
@@ -80,6 +83,7 @@ class Store(
     SchedulesPort,
     ValuesPort,
     RetentionPort,
+    ActionsPort,
     Maintenance,
     Protocol,
 ):
