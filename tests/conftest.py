@@ -1,16 +1,19 @@
 """Shared fixtures: an App on every backend, in normal and in forced-replay mode, a `store`
-once per backend (the contract tests' and the store-level tests'), and a throwaway PostgreSQL
-server for the session."""
+once per backend (the contract tests' and the store-level tests'), a throwaway PostgreSQL
+server for the session; and for the browser tests (tests/server/, tests/test_notifiers.py)
+`browser`, headless Chromium through Playwright, and `screenshots`, the folder their
+screenshots go to."""
 
 from __future__ import annotations
 
 import compileall
 import dataclasses
 import os
+import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import pytest
 from tests.postgres_server import postgres_server, with_schema
@@ -22,12 +25,24 @@ from tether.store.port import Store
 from tether.store.postgres import PostgresStore
 from tether.store.sqlite import SqliteStore
 
+if TYPE_CHECKING:
+    from playwright.async_api import Browser
+
 # (backend, forced replay): forced replay restarts the workflow from the store after every new
 # checkpoint, so every test using `make_app` also proves its workflow replays deterministically.
 MODES = [
     ("memory", False), ("sqlite", False), ("postgres", False),
     ("memory", True), ("sqlite", True),
 ]  # fmt: skip
+
+
+CHROMIUM = "/usr/bin/chromium"
+# The machine has no network: no first-run, sync, component or QUIC traffic.
+CHROMIUM_FLAGS = [
+    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]  # fmt: skip
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "artifacts" / "screenshots"
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -83,6 +98,34 @@ def postgres_url() -> Iterator[str]:
                 pytest.fail(message)
             pytest.skip(message)
         yield url
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    """Headless Chromium (/usr/bin/chromium) through Playwright, closed after the test.
+    Without it, browser tests skip loudly; in CI (CI=true) that is a failure."""
+    if shutil.which(CHROMIUM) is None:
+        message = f"NO CHROMIUM at {CHROMIUM}: install Debian's `chromium`; browser tests skipped"
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as playwright:
+        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        try:
+            yield launched
+        finally:
+            await launched.close()
+
+
+@pytest.fixture
+def screenshots(tmp_path: Path) -> Path:
+    """Where screenshots go: artifacts/screenshots/ of the repository when TETHER_SCREENSHOTS
+    is set (CI keeps them), else tmp_path/screenshots; the folder exists."""
+    folder = SCREENSHOTS if os.environ.get("TETHER_SCREENSHOTS") else tmp_path / "screenshots"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @pytest.fixture(params=MODES, ids=[f"{b}{'-replay' if r else ''}" for b, r in MODES])

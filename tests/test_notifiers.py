@@ -3,7 +3,8 @@ and STARTTLS with a self-signed certificate and a login) gets the mails of a rea
 (a tether.App on a SQLite file), a uvicorn webhook receiver gets the Slack JSON; a hostile title
 adds no header and runs no markup; no secret reaches a mail, a post, a log or a repr; a failing
 receiver is retried by the notify step, a refusing one is logged and never fails the run; and in
-headless Chromium a reviewer follows the mail's link to the inbox, signs in and decides."""
+headless Chromium a reviewer follows the mail's link, or the chat's button to the server's public
+URL, to the inbox, signs in and decides."""
 
 from __future__ import annotations
 
@@ -16,16 +17,14 @@ import email.policy
 import ipaddress
 import json
 import logging
-import os
 import queue
 import re
-import shutil
 import socket
 import ssl
 from collections.abc import AsyncIterator, Iterator
 from email.message import EmailMessage
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import uvicorn
@@ -40,6 +39,9 @@ import tether
 from tether.approvals.mail import EmailNotifier
 from tether.approvals.slack import SlackNotifier, mrkdwn
 from tether.errors import ConfigurationError, PermanentError
+
+if TYPE_CHECKING:
+    from playwright.async_api import Browser
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -464,22 +466,13 @@ async def test_a_retry_for_another_notifier_does_not_post_again(tmp_path: Path) 
         "Approval requested", "Decided"]  # fmt: skip
 
 
-# -- from the mail to a decision, in a browser --------------------------------------------------
-
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
+# -- from the mail or the chat to a decision, in a browser ------------------------------------
 
 
-async def test_a_reviewer_follows_the_mailed_link_signs_in_and_decides(tmp_path: Path) -> None:
-    if shutil.which(CHROMIUM) is None:
-        message = f"NO CHROMIUM at {CHROMIUM}: install Debian's `chromium`; browser test skipped"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    from playwright.async_api import async_playwright, expect
+async def test_a_reviewer_follows_the_mailed_link_signs_in_and_decides(
+    tmp_path: Path, browser: Browser
+) -> None:
+    from playwright.async_api import expect
 
     from tether.server import create_server
     from tether.users import add_user
@@ -499,22 +492,86 @@ async def test_a_reviewer_follows_the_mailed_link_signs_in_and_decides(tmp_path:
                 found = re.search(r"Decide in the inbox: (\S+)", mail.part("plain"))
                 assert found
                 assert found.group(1) == f"{inbox}/approvals/{ask.id}"
-                async with async_playwright() as playwright:
-                    browser = await playwright.chromium.launch(executable_path=CHROMIUM,
-                                                               args=FLAGS)  # fmt: skip
-                    try:
-                        page = await browser.new_page()
-                        await page.goto(found.group(1))  # not signed in: the sign-in page
-                        await page.fill("#token", token)
-                        await page.click("#signin button[type=submit]")
-                        await expect(page.locator("h1.title")).to_have_text(ASK["title"])
-                        assert page.url == found.group(1)
-                        await page.click("button[name=option][value=approve]")
-                        await expect(page.locator(".decision")).to_contain_text(
-                            "Approved by alice", timeout=10_000)  # fmt: skip
-                    finally:
-                        await browser.close()
+                page = await browser.new_page()
+                try:
+                    await page.goto(found.group(1))  # not signed in: the sign-in page
+                    await page.fill("#token", token)
+                    await page.click("#signin button[type=submit]")
+                    await expect(page.locator("h1.title")).to_have_text(ASK["title"])
+                    assert page.url == found.group(1)
+                    await page.click("button[name=option][value=approve]")
+                    await expect(page.locator(".decision")).to_contain_text(
+                        "Approved by alice", timeout=10_000)  # fmt: skip
+                finally:
+                    await page.close()
                 result = await (await app.get("run-e2e")).result(timeout=10)
                 assert result == {"status": "approved", "reviewer": "alice"}
                 decided = await sink.next()
                 assert decided.message["Subject"].endswith("(approved: approve by alice)")
+
+
+async def test_a_reviewer_opens_the_chats_button_to_the_public_url_signs_in_and_decides(
+    tmp_path: Path, browser: Browser, screenshots: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's public URL set as `tether serve --public-url` sets it: $TETHER_PUBLIC_URL
+    before the App and its notifiers load (the SlackNotifier is given none of its own), and the
+    origin requests must name. The button Slack would draw takes the reviewer there."""
+    from playwright.async_api import expect
+
+    from tether.cli.serve import checked_public_url
+    from tether.server import create_server
+    from tether.users import add_user
+
+    sock = bound()
+    public_url = checked_public_url(f"http://127.0.0.1:{sock.getsockname()[1]}/")
+    monkeypatch.setenv("TETHER_PUBLIC_URL", public_url)
+    async with receiver() as hook:
+        notifier = SlackNotifier(hook.url)
+        app = make_app(tmp_path / "chat-e2e.db", notifier)
+        async with app:
+            _, token = await add_user(app.engine, "alice", frozenset({"sre"}))
+            server = create_server(app, secret=b"s" * 32, origins=[public_url])
+            async with served(sock, server):
+                ask = await asked(app, "run-chat-e2e", reviewers=["group:sre"])
+                _, body = (await posts(hook, 1))[0]
+                # As Slack renders the post: its section, then the button the reviewer clicks.
+                section, actions = body["blocks"]
+                assert f"*Approval requested:* {ASK['title']}" in section["text"]["text"]
+                (button,) = actions["elements"]
+                assert (button["type"], button["text"]["text"]) == ("button", "Open in the inbox")
+                link = button["url"]
+                assert link == f"{public_url}/approvals/{ask.id}"
+                assert body["text"].endswith(f"Decide: {link}")  # the bare link, for the rest
+
+                page = await browser.new_page()
+                problems: list[str] = []
+                page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+                page.on("pageerror", lambda error: problems.append(str(error)))
+                try:
+                    await page.goto(link)  # not signed in: the sign-in page
+                    await expect(page.locator("#signin")).to_be_visible()
+                    await page.fill("#token", token)
+                    await page.click("#signin button[type=submit]")
+                    await expect(page.locator("h1.title")).to_have_text(ASK["title"])
+                    assert page.url == link
+                    await page.fill("#comment", "ship it")
+                    await page.click("button[name=option][value=approve]")
+                    await expect(page.locator(".decision")).to_contain_text(
+                        "Approved by alice", timeout=10_000)  # fmt: skip
+                    await page.screenshot(path=screenshots / "notifier-slack-decided.png",
+                                          full_page=True)  # fmt: skip
+                finally:
+                    await page.close()
+                assert problems == []
+
+                shown = await app.get_approval(ask.id)
+                assert shown.status == "approved"
+                assert shown.decision is not None
+                assert (shown.decision.reviewer, shown.decision.option, shown.decision.comment
+                        ) == ("alice", "approve", "ship it")  # fmt: skip
+                result = await (await app.get("run-chat-e2e")).result(timeout=10)
+                assert result == {"status": "approved", "reviewer": "alice"}
+                _, decided = (await posts(hook, 2))[1]
+                assert "approved: approve by alice" in decided["text"]
+                assert link in decided["text"]
+    assert (screenshots / "notifier-slack-decided.png").stat().st_size > 0

@@ -12,6 +12,11 @@
   `kit.sign_in(client, person)` opens an inbox session on it (the cookie stays in the client).
 - `live_server`: `server` served by uvicorn on 127.0.0.1 at a free port, in the test's event
   loop (so tests may await the App directly); `.url` is its origin.
+- `page`: a fresh Playwright page in headless Chromium (tests/conftest.py's `browser`) on
+  `live_server`, in a context of the size `viewport` says (a file may override it); its console
+  errors and uncaught exceptions (CSP violations included) land in `problems`, which must be
+  empty once the page is closed. `kit.browser_sign_in(page, person)` signs in by the form.
+  Screenshots go to tests/conftest.py's `screenshots` folder.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import FastAPI
+from playwright.async_api import Browser, ConsoleMessage, Page, ViewportSize
 from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, build_app, serving
 
 import tether
@@ -79,3 +85,37 @@ async def live_server(server: FastAPI) -> AsyncIterator[LiveServer]:
     """`server` on 127.0.0.1 at a free port, served by uvicorn in this event loop."""
     async with serving(server) as live:
         yield live
+
+
+@pytest.fixture
+def problems() -> list[str]:
+    """Console errors and uncaught exceptions of `page` (CSP violations included)."""
+    return []
+
+
+@pytest.fixture
+def viewport() -> ViewportSize:
+    """The size of `page`'s window: Playwright's default unless a test file overrides it."""
+    return {"width": 1280, "height": 720}
+
+
+@pytest.fixture
+async def page(
+    browser: Browser, live_server: LiveServer, viewport: ViewportSize, problems: list[str]
+) -> AsyncIterator[Page]:
+    """A fresh page on the live server; what goes wrong in it lands in `problems`, which is
+    checked empty after the page is closed."""
+    context = await browser.new_context(base_url=live_server.url, viewport=viewport)
+    opened = await context.new_page()
+
+    def note(message: ConsoleMessage) -> None:
+        if message.type == "error":
+            problems.append(message.text)
+
+    opened.on("console", note)
+    opened.on("pageerror", lambda error: problems.append(str(error)))
+    try:
+        yield opened
+    finally:
+        await context.close()
+    assert problems == []  # no CSP violation, no script error

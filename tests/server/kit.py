@@ -3,7 +3,8 @@ ORIGIN (the ASGI client's origin), SECRET, ASK (the default approval of the work
 Person (a user with their token), build_app (an App with the workflow `ask`: step `prepare`, one
 approval shaped by the run's argument, then step `act` if approved), start_approval (start `ask`
 and wait for its pending approval), sign_in (open an inbox session through the form), LiveServer,
-events (the (event, data) pairs of a server-sent event stream).
+events (the (event, data) pairs of a server-sent event stream); for the browser tests WAIT_MS
+(how long to wait for the page) and browser_sign_in (sign in by the form in a Playwright page).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import dataclasses
 import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import uvicorn
@@ -23,7 +24,11 @@ from starlette.types import ASGIApp
 import tether
 from tether.users import User
 
+if TYPE_CHECKING:
+    from playwright.async_api import Page
+
 ORIGIN = "http://testserver"
+WAIT_MS = 10_000  # how long a browser test waits for the page
 SECRET = b"s" * 32
 ASK: dict[str, Any] = {
     "title": "Deploy 1.2.3 to prod?",
@@ -106,6 +111,14 @@ async def sign_in(client: httpx.AsyncClient, person: Person) -> httpx.Response:
                                  headers={"Origin": str(client.base_url).rstrip("/")})  # fmt: skip
     assert response.status_code == 303, response.text
     return response
+
+
+async def browser_sign_in(page: Page, person: Person) -> None:
+    """Sign in by pasting the token into the inbox's form, in a browser; back on the inbox."""
+    await page.goto("/")
+    await page.fill("#token", person.token)
+    await page.click("#signin button[type=submit]")
+    await page.wait_for_selector("h1:text('Inbox')", timeout=WAIT_MS)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,83 +7,24 @@ fail in CI (CI=true)."""
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
-from collections.abc import AsyncIterator
 
 import httpx
 import pytest
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
-from tests.server.kit import LiveServer, Person, start_approval
+from playwright.async_api import Browser, ConsoleMessage, Page, expect
+from tests.server.kit import WAIT_MS, LiveServer, Person, browser_sign_in, start_approval
 
 import tether
 from tether.server.auth import SESSION_COOKIE
 
 pytestmark = pytest.mark.timeout(60)
 
-CHROMIUM = "/usr/bin/chromium"
-# The machine has no network: no first-run, sync, component or QUIC traffic.
-FLAGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-WAIT_MS = 10_000
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    if shutil.which(CHROMIUM) is None:
-        message = f"NO CHROMIUM at {CHROMIUM}: install Debian's `chromium`; browser tests skipped"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
-
-@pytest.fixture
-def problems() -> list[str]:
-    """Console errors and uncaught exceptions of `page` (CSP violations included)."""
-    return []
-
-
-@pytest.fixture
-async def page(
-    browser: Browser, live_server: LiveServer, problems: list[str]
-) -> AsyncIterator[Page]:
-    """A fresh page on the live server; what goes wrong in it lands in `problems`."""
-    context = await browser.new_context(base_url=live_server.url)
-    opened = await context.new_page()
-
-    def note(message: ConsoleMessage) -> None:
-        if message.type == "error":
-            problems.append(message.text)
-
-    opened.on("console", note)
-    opened.on("pageerror", lambda error: problems.append(str(error)))
-    try:
-        yield opened
-    finally:
-        await context.close()
-
-
-async def sign_in(page: Page, person: Person) -> None:
-    await page.goto("/")
-    await page.fill("#token", person.token)
-    await page.click("#signin button[type=submit]")
-    await page.wait_for_selector("h1:text('Inbox')", timeout=WAIT_MS)
-
 
 async def test_a_reviewer_signs_in_opens_the_approval_approves_it_and_the_run_completes(
     app: tether.App, page: Page, alice: Person, problems: list[str]
 ) -> None:
     ask = await start_approval(app, "run-click")
-    await sign_in(page, alice)
+    await browser_sign_in(page, alice)
     item = page.locator(f'[data-approval-id="{ask.id}"]')
     await expect(item).to_contain_text("Deploy 1.2.3 to prod?")
     # The countdown is live (the script runs under the CSP).
@@ -104,7 +45,7 @@ async def test_a_reviewer_signs_in_opens_the_approval_approves_it_and_the_run_co
 async def test_the_open_inbox_shows_a_new_approval_without_a_reload(
     app: tether.App, page: Page, alice: Person, problems: list[str]
 ) -> None:
-    await sign_in(page, alice)
+    await browser_sign_in(page, alice)
     await expect(page.locator(".empty")).to_contain_text("Nothing is waiting for you.")
     await page.wait_for_selector("body[data-connected]", timeout=WAIT_MS)
     await page.evaluate("window.__still_here = 'yes'")
@@ -128,7 +69,7 @@ async def test_markup_in_an_approval_never_runs_in_the_browser(
     description = "<script>window.__pwned=1</script>"
     ask = await start_approval(app, "run-xss", title=title, description=description,
                                context={"html": title + description})  # fmt: skip
-    await sign_in(page, alice)
+    await browser_sign_in(page, alice)
     await expect(page.locator(f'[data-approval-id="{ask.id}"] a.item-title')).to_have_text(title)
     assert await page.evaluate("typeof window.__pwned") == "undefined"
     await page.goto(f"/approvals/{ask.id}")
@@ -145,7 +86,7 @@ async def test_a_run_page_shows_its_output_live_and_again_after_a_reload(
     app: tether.App, page: Page, admin: Person, problems: list[str]
 ) -> None:
     words = [f"w{n} " for n in range(30)]
-    await sign_in(page, admin)
+    await browser_sign_in(page, admin)
     handle = await app.start("talk", words, 0.1, id="run-talk")
     await page.goto("/runs/run-talk")
     await page.evaluate("window.__still_here = 'yes'")
@@ -166,7 +107,7 @@ async def test_after_signing_out_in_the_browser_the_old_cookie_is_refused(
     app: tether.App, page: Page, live_server: LiveServer, alice: Person, problems: list[str]
 ) -> None:
     ask = await start_approval(app, "run-signout")
-    await sign_in(page, alice)
+    await browser_sign_in(page, alice)
     cookies = await page.context.cookies()
     stolen = next(c["value"] for c in cookies if c["name"] == SESSION_COOKIE)
     await page.click("form[action='/logout'] button[type=submit]")
@@ -190,7 +131,7 @@ async def test_after_signing_out_in_the_browser_the_old_cookie_is_refused(
 async def test_a_run_pages_live_output_shows_invisible_characters_spelled_out(
     app: tether.App, page: Page, admin: Person, problems: list[str]
 ) -> None:
-    await sign_in(page, admin)
+    await browser_sign_in(page, admin)
     handle = await app.start("talk", ["pay ", "\u202egpj.exe", "\u200b\x1b[2J"], 0.0, id="run-bidi")
     assert await handle.result(timeout=10) == 3
     await page.goto("/runs/run-bidi")

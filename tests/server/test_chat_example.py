@@ -12,8 +12,7 @@ from types import ModuleType
 import pytest
 from fastapi import FastAPI
 from playwright.async_api import Browser, expect
-from tests.server.kit import LiveServer
-from tests.server.test_browser import WAIT_MS, browser  # noqa: F401 - the fixture
+from tests.server.kit import WAIT_MS, LiveServer
 
 import tether
 
@@ -40,8 +39,7 @@ async def server(tmp_path: Path) -> AsyncIterator[FastAPI]:
 
 
 async def test_the_chat_answer_resumes_after_a_reload(
-    browser: Browser,  # noqa: F811 - the imported fixture
-    live_server: LiveServer,
+    browser: Browser, live_server: LiveServer
 ) -> None:
     context = await browser.new_context(base_url=live_server.url)
     page = await context.new_page()

@@ -23,10 +23,8 @@ from urllib.parse import quote
 import httpx
 import pytest
 from playwright.async_api import Page, expect
-from tests.server.kit import LiveServer, Person, sign_in, start_approval
-from tests.server.test_browser import WAIT_MS, browser, page, problems  # noqa: F401
-from tests.server.test_browser import sign_in as browser_sign_in
-from tests.server.test_runs_explorer import BASE, Row, insert, shots, shown_ids, spread
+from tests.server.kit import WAIT_MS, LiveServer, Person, browser_sign_in, sign_in, start_approval
+from tests.server.test_runs_explorer import BASE, Row, insert, shown_ids, spread
 
 import tether
 from tether.server import live
@@ -217,7 +215,7 @@ async def test_a_view_with_hostile_values_streams_from_the_state_it_was_rendered
 
 
 async def test_in_a_browser_a_filtered_explorer_shows_a_new_matching_run_without_a_reload(
-    app: tether.App, page: Page, admin: Person, problems: list[str], tmp_path: Path,  # noqa: F811
+    app: tether.App, page: Page, admin: Person, problems: list[str], screenshots: Path,
 ) -> None:  # fmt: skip
     insert(app, spread(300))
     await browser_sign_in(page, admin)
@@ -236,5 +234,5 @@ async def test_in_a_browser_a_filtered_explorer_shows_a_new_matching_run_without
     await expect(page.locator('tr.run-row[data-run-id="run-other"]')).to_have_count(0)
     await expect(failed).to_have_text("40")
     assert await page.evaluate("window.__still_here") == "yes"  # the same document: no reload
-    await page.screenshot(path=shots(tmp_path) / "runs-explorer-live-filtered.png", full_page=True)
+    await page.screenshot(path=screenshots / "runs-explorer-live-filtered.png", full_page=True)
     assert problems == []  # no CSP violation, no script error

@@ -13,15 +13,14 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 from fastapi import FastAPI
-from playwright.async_api import Browser, ConsoleMessage, Page, async_playwright, expect
-from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, sign_in
+from playwright.async_api import Page, expect
+from tests.server.kit import ORIGIN, SECRET, WAIT_MS, LiveServer, Person, sign_in
 from tests.server.ops_kit import (
     DESTINATION,
     HOSTILE,
@@ -41,12 +40,6 @@ from tether.store.port import WorkerInfo
 pytestmark = pytest.mark.timeout(60)
 
 PAGES = ("workers", "queues", "schedules", "outbox", "dead")
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-]  # fmt: skip
-WAIT_MS = 10_000
 
 
 @pytest.fixture
@@ -277,141 +270,95 @@ async def test_hostile_names_and_errors_are_escaped_on_every_ops_page(
 # -- in a browser ---------------------------------------------------------------------------------
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    if shutil.which(CHROMIUM) is None:
-        message = f"NO CHROMIUM at {CHROMIUM}: install Debian's `chromium`; browser tests skipped"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
-
-def screenshots(tmp_path: Path) -> Path:
-    """Where screenshots go: artifacts/screenshots/ of the repository when TETHER_SCREENSHOTS
-    is set (CI keeps them), else the test's tmp_path."""
-    root = Path(__file__).resolve().parents[2]
-    folder = root / "artifacts" / "screenshots" if os.environ.get("TETHER_SCREENSHOTS") else (
-        tmp_path / "screenshots")  # fmt: skip
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 async def test_an_admin_visits_every_ops_page_in_chromium_and_retries_with_the_keyboard(
     app: tether.App,
     setup: Setup,
-    browser: Browser,
+    page: Page,
+    problems: list[str],
     live_server: LiveServer,
     admin: Person,
-    tmp_path: Path,
+    screenshots: Path,
 ) -> None:
-    context = await browser.new_context(base_url=live_server.url)
-    page: Page = await context.new_page()
-    problems: list[str] = []
+    await page.goto("/ops/workers")  # to sign in, then back here
+    await page.fill("#token", admin.token)
+    await page.keyboard.press("Enter")
+    await expect(page.locator("h1")).to_have_text("Workers", timeout=WAIT_MS)
+    assert page.url.endswith("/ops/workers")
+    titles = {"workers": "Workers", "queues": "Queues", "schedules": "Schedules",
+              "outbox": "Outbox", "dead": "Dead runs"}  # fmt: skip
+    for name in PAGES:
+        await page.locator("nav[aria-label=Operations]").get_by_role(
+            "link", name=titles[name]).click()  # fmt: skip
+        await expect(page.locator("h1")).to_have_text(titles[name], timeout=WAIT_MS)
+        current = page.locator("nav[aria-label=Operations] a[aria-current=page]")
+        await expect(current).to_have_text(titles[name])
+        assert await page.locator("table caption").count() >= 1
+        await page.screenshot(path=str(screenshots / f"ops_{name}.png"), full_page=True)
+    assert await page.evaluate("typeof window.__pwned") == "undefined"
 
-    def note(message: ConsoleMessage) -> None:
-        if message.type == "error":
-            problems.append(message.text)
-
-    page.on("console", note)
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    folder = screenshots(tmp_path)
-    try:
-        await page.goto("/ops/workers")  # to sign in, then back here
-        await page.fill("#token", admin.token)
+    # The outbox: Tab to the Retry button, Enter.
+    await page.goto("/ops/outbox")
+    retry = page.get_by_role("button", name=re.compile(r"^Retry outbox message "))
+    await expect(retry).to_have_count(1)
+    setup.sender.refusing = False
+    for _ in range(40):
+        await page.keyboard.press("Tab")
+        if await retry.evaluate("button => button === document.activeElement"):
+            break
+    else:
+        pytest.fail("Tab never reached the Retry button")
+    async with page.expect_navigation(timeout=WAIT_MS):  # the POST, then its redirect
         await page.keyboard.press("Enter")
-        await expect(page.locator("h1")).to_have_text("Workers", timeout=WAIT_MS)
-        assert page.url.endswith("/ops/workers")
-        titles = {"workers": "Workers", "queues": "Queues", "schedules": "Schedules",
-                  "outbox": "Outbox", "dead": "Dead runs"}  # fmt: skip
-        for name in PAGES:
-            await page.locator("nav[aria-label=Operations]").get_by_role(
-                "link", name=titles[name]).click()  # fmt: skip
-            await expect(page.locator("h1")).to_have_text(titles[name], timeout=WAIT_MS)
-            current = page.locator("nav[aria-label=Operations] a[aria-current=page]")
-            await expect(current).to_have_text(titles[name])
-            assert await page.locator("table caption").count() >= 1
-            await page.screenshot(path=str(folder / f"ops_{name}.png"), full_page=True)
-        assert await page.evaluate("typeof window.__pwned") == "undefined"
+    assert page.url == f"{live_server.url}/ops/outbox"
+    await expect(retry).to_have_count(0)  # no longer failed
 
-        # The outbox: Tab to the Retry button, Enter.
-        await page.goto("/ops/outbox")
-        retry = page.get_by_role("button", name=re.compile(r"^Retry outbox message "))
-        await expect(retry).to_have_count(1)
-        setup.sender.refusing = False
-        for _ in range(40):
-            await page.keyboard.press("Tab")
-            if await retry.evaluate("button => button === document.activeElement"):
-                break
-        else:
-            pytest.fail("Tab never reached the Retry button")
-        async with page.expect_navigation(timeout=WAIT_MS):  # the POST, then its redirect
-            await page.keyboard.press("Enter")
-        assert page.url == f"{live_server.url}/ops/outbox"
-        await expect(retry).to_have_count(0)  # no longer failed
+    async def delivered() -> bool:
+        listed = await app.list_outbox(status="delivered")
+        return [m.id for m in listed] == [setup.message_id]
 
-        async def delivered() -> bool:
-            listed = await app.list_outbox(status="delivered")
-            return [m.id for m in listed] == [setup.message_id]
-
-        await until(delivered)
-        await page.reload()
-        await expect(page.locator("#outbox-failed caption")).to_have_text("Failed: 0")
-        await page.screenshot(path=str(folder / "ops_outbox_after_retry.png"), full_page=True)
-        assert sorted(p.name for p in folder.glob("ops_*.png")) == sorted(
-            [f"ops_{name}.png" for name in PAGES] + ["ops_outbox_after_retry.png"])  # fmt: skip
-        assert problems == []
-    finally:
-        await context.close()
+    await until(delivered)
+    await page.reload()
+    await expect(page.locator("#outbox-failed caption")).to_have_text("Failed: 0")
+    await page.screenshot(path=str(screenshots / "ops_outbox_after_retry.png"), full_page=True)
+    assert sorted(p.name for p in screenshots.glob("ops_*.png")) == sorted(
+        [f"ops_{name}.png" for name in PAGES] + ["ops_outbox_after_retry.png"])  # fmt: skip
+    assert problems == []
 
 
 async def test_open_ops_pages_update_in_place_when_a_message_fails_or_a_worker_appears(
-    app: tether.App, browser: Browser, live_server: LiveServer, admin: Person
+    app: tether.App, page: Page, problems: list[str], admin: Person
 ) -> None:
-    context = await browser.new_context(base_url=live_server.url)
-    page: Page = await context.new_page()
-    problems: list[str] = []
-    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    try:
-        await page.goto("/ops/outbox")  # to sign in, then back here
-        await page.fill("#token", admin.token)
-        await page.keyboard.press("Enter")
-        await expect(page.locator("h1")).to_have_text("Outbox", timeout=WAIT_MS)
-        await page.wait_for_selector("body[data-connected]", timeout=WAIT_MS)
-        await page.evaluate("window.__still_here = 'yes'")
-        failed = page.locator("#outbox-failed")
-        await expect(failed.locator("caption")).to_have_text("Failed: 1")
-        await app.start("send_to", DESTINATION, id="refused-late")  # refused for good at once
-        await expect(failed.locator("caption")).to_have_text("Failed: 2", timeout=WAIT_MS)
-        (late,) = [m for m in await app.list_outbox(status="failed") if m.run_id == "refused-late"]
-        row = failed.locator(f'tr[data-message-id="{late.id}"]')
-        await expect(row.get_by_role("button", name=re.compile(r"^Retry outbox message "))
-                     ).to_have_count(1)  # fmt: skip
-        assert await page.evaluate("window.__still_here") == "yes"  # no reload: the same document
-        assert int(await page.evaluate("document.body.dataset.refreshed")) >= 1
+    await page.goto("/ops/outbox")  # to sign in, then back here
+    await page.fill("#token", admin.token)
+    await page.keyboard.press("Enter")
+    await expect(page.locator("h1")).to_have_text("Outbox", timeout=WAIT_MS)
+    await page.wait_for_selector("body[data-connected]", timeout=WAIT_MS)
+    await page.evaluate("window.__still_here = 'yes'")
+    failed = page.locator("#outbox-failed")
+    await expect(failed.locator("caption")).to_have_text("Failed: 1")
+    await app.start("send_to", DESTINATION, id="refused-late")  # refused for good at once
+    await expect(failed.locator("caption")).to_have_text("Failed: 2", timeout=WAIT_MS)
+    (late,) = [m for m in await app.list_outbox(status="failed") if m.run_id == "refused-late"]
+    row = failed.locator(f'tr[data-message-id="{late.id}"]')
+    await expect(row.get_by_role("button", name=re.compile(r"^Retry outbox message "))
+                 ).to_have_count(1)  # fmt: skip
+    assert await page.evaluate("window.__still_here") == "yes"  # no reload: the same document
+    assert int(await page.evaluate("document.body.dataset.refreshed")) >= 1
 
-        await page.locator("nav[aria-label=Operations]").get_by_role("link", name="Workers").click()
-        await expect(page.locator("h1")).to_have_text("Workers", timeout=WAIT_MS)
-        await page.wait_for_selector("body[data-connected]", timeout=WAIT_MS)
-        await page.evaluate("window.__still_here = 'yes'")
-        await expect(page.locator("#ops-workers caption")).to_have_text("Workers: 1")
-        now = app.engine.clock.now()
-        worker = WorkerInfo("w-late", "elsewhere.example", 4242, "token", started_at=now,
-                            workflows=("tick",), version="v2")  # fmt: skip
-        await app.engine.store.register_worker(worker, now)
-        caption = page.locator("#ops-workers caption")
-        await expect(caption).to_have_text("Workers: 2", timeout=WAIT_MS)
-        appeared = page.locator('tr[data-worker-id="w-late"]')
-        await expect(appeared.locator('td[data-label="Host"]')).to_have_text("elsewhere.example")
-        await expect(appeared.locator('td[data-label="Version"]')).to_have_text("v2")
-        assert await page.evaluate("window.__still_here") == "yes"
-        assert await page.evaluate("typeof window.__pwned") == "undefined"
-        assert problems == []
-    finally:
-        await context.close()
+    await page.locator("nav[aria-label=Operations]").get_by_role("link", name="Workers").click()
+    await expect(page.locator("h1")).to_have_text("Workers", timeout=WAIT_MS)
+    await page.wait_for_selector("body[data-connected]", timeout=WAIT_MS)
+    await page.evaluate("window.__still_here = 'yes'")
+    await expect(page.locator("#ops-workers caption")).to_have_text("Workers: 1")
+    now = app.engine.clock.now()
+    worker = WorkerInfo("w-late", "elsewhere.example", 4242, "token", started_at=now,
+                        workflows=("tick",), version="v2")  # fmt: skip
+    await app.engine.store.register_worker(worker, now)
+    caption = page.locator("#ops-workers caption")
+    await expect(caption).to_have_text("Workers: 2", timeout=WAIT_MS)
+    appeared = page.locator('tr[data-worker-id="w-late"]')
+    await expect(appeared.locator('td[data-label="Host"]')).to_have_text("elsewhere.example")
+    await expect(appeared.locator('td[data-label="Version"]')).to_have_text("v2")
+    assert await page.evaluate("window.__still_here") == "yes"
+    assert await page.evaluate("typeof window.__pwned") == "undefined"
+    assert problems == []

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import os
 import re
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -22,10 +20,16 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
-from playwright.async_api import Browser, Locator, Page, async_playwright, expect
-from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, sign_in, start_approval
-from tests.server.test_browser import CHROMIUM, FLAGS, WAIT_MS
-from tests.server.test_browser import sign_in as browser_sign_in
+from playwright.async_api import Locator, Page, ViewportSize, expect
+from tests.server.kit import (
+    ORIGIN,
+    SECRET,
+    WAIT_MS,
+    Person,
+    browser_sign_in,
+    sign_in,
+    start_approval,
+)
 
 import tether
 from tether.agents.models import Emit, ModelRequest, ModelResponse
@@ -53,44 +57,10 @@ def region(page: str, pattern: str) -> str:
     return found.group(1)
 
 
-def shots(tmp_path: Path) -> Path:
-    """Where screenshots go: artifacts/screenshots/ of the repository when asked for."""
-    if os.environ.get("TETHER_SCREENSHOTS"):
-        where = Path(__file__).resolve().parents[2] / "artifacts" / "screenshots"
-    else:
-        where = tmp_path / "screenshots"
-    where.mkdir(parents=True, exist_ok=True)
-    return where
-
-
 @pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        message = f"NO CHROMIUM at {CHROMIUM}: install Debian's `chromium`; browser tests skipped"
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    async with async_playwright() as playwright:
-        launched = await playwright.chromium.launch(executable_path=CHROMIUM, args=FLAGS)
-        try:
-            yield launched
-        finally:
-            await launched.close()
-
-
-@pytest.fixture
-async def page(browser: Browser, live_server: LiveServer) -> AsyncIterator[Page]:
-    context = await browser.new_context(base_url=live_server.url,
-                                        viewport={"width": 1280, "height": 900})  # fmt: skip
-    opened = await context.new_page()
-    problems: list[str] = []
-    opened.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-    opened.on("pageerror", lambda e: problems.append(str(e)))
-    try:
-        yield opened
-    finally:
-        await context.close()
-    assert problems == []  # no CSP violation, no script error
+def viewport() -> ViewportSize:
+    """The run pages' screenshots are taken in a taller window than Playwright's default."""
+    return {"width": 1280, "height": 900}
 
 
 def register_rich(app: tether.App) -> None:
@@ -231,7 +201,7 @@ async def tab_to(page: Page, target: Locator) -> None:
 
 
 async def test_an_admin_cancels_a_run_from_its_page_with_the_keyboard_after_confirming(
-    app: tether.App, page: Page, admin: Person, tmp_path: Path
+    app: tether.App, page: Page, admin: Person, screenshots: Path
 ) -> None:
     await start_approval(app, "run-cancel")
     await waiting(app, "run-cancel")
@@ -242,7 +212,7 @@ async def test_an_admin_cancels_a_run_from_its_page_with_the_keyboard_after_conf
         "aria-label", "Cancel run run-cancel: asks you to confirm first"
     )
     await tab_to(page, ask)
-    await page.screenshot(path=shots(tmp_path) / "run-page-before-cancel.png", full_page=True)
+    await page.screenshot(path=screenshots / "run-page-before-cancel.png", full_page=True)
     async with page.expect_navigation():
         await page.keyboard.press("Enter")
     # The page that asks: this run, what cancelling does to it now; nothing is cancelled yet.
@@ -253,7 +223,7 @@ async def test_an_admin_cancels_a_run_from_its_page_with_the_keyboard_after_conf
     effects = page.locator("#cancel-effects")
     await expect(effects).to_contain_text("It is waiting: it ends cancelled now")
     await expect(effects).to_contain_text("Its pending approvals (1) end cancelled")
-    await page.screenshot(path=shots(tmp_path) / "run-page-cancel-confirm.png", full_page=True)
+    await page.screenshot(path=screenshots / "run-page-cancel-confirm.png", full_page=True)
     assert str(await (await app.get("run-cancel")).status()) == "waiting"
     # "Keep the run" goes back, nothing changed; then confirm, by the keyboard again.
     await tab_to(page, page.locator("#keep-run"))
@@ -273,7 +243,7 @@ async def test_an_admin_cancels_a_run_from_its_page_with_the_keyboard_after_conf
     await expect(badge).to_have_text("cancelled", timeout=WAIT_MS)
     assert str(await (await app.get("run-cancel")).status()) == "cancelled"
     await expect(page.locator("#action-cancel")).to_have_count(0)  # nothing left to cancel
-    await page.screenshot(path=shots(tmp_path) / "run-page-cancelled.png", full_page=True)
+    await page.screenshot(path=screenshots / "run-page-cancelled.png", full_page=True)
 
 
 async def test_the_cancel_confirmation_is_for_group_admin_and_its_post_needs_the_csrf_token(
@@ -414,7 +384,7 @@ class Metered:
 
 
 async def test_an_agent_run_shows_its_conversation_with_tokens_and_the_tool_approval(
-    app: tether.App, page: Page, client: httpx.AsyncClient, admin: Person, tmp_path: Path
+    app: tether.App, page: Page, client: httpx.AsyncClient, admin: Person, screenshots: Path
 ) -> None:
     turns: list[Any] = [
         [ToolCall("search_docs", {"query": "deploy"})],
@@ -473,7 +443,7 @@ async def test_an_agent_run_shows_its_conversation_with_tokens_and_the_tool_appr
     await fold.locator("summary").focus()
     await page.keyboard.press("Enter")
     await expect(fold).to_have_attribute("open", "")
-    await page.screenshot(path=shots(tmp_path) / "run-page-agent.png", full_page=True)
+    await page.screenshot(path=screenshots / "run-page-agent.png", full_page=True)
 
     # The same transcript as JSON, for a bearer token, with the API's access rule.
     token = await add_user(app.engine, "robot", frozenset({"admin"}))

@@ -15,7 +15,6 @@ store's counts stay what was written.
 from __future__ import annotations
 
 import html
-import os
 import re
 import sqlite3
 import time
@@ -29,15 +28,12 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 from playwright.async_api import Page, Response, expect
-from tests.server.kit import Person, sign_in, start_approval
-from tests.server.test_browser import WAIT_MS, browser, page, problems  # noqa: F401
-from tests.server.test_browser import sign_in as browser_sign_in
+from tests.server.kit import Person, browser_sign_in, sign_in, start_approval
 
 import tether
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[2]
 NOW = time.time()
 BASE = NOW - 2 * 86400  # runs are created over the last two days (a second apart, in pairs)
 CYCLE = ["succeeded", "succeeded", "failed", "cancelled", "held", "dead", "running", "succeeded"]
@@ -282,21 +278,11 @@ async def test_a_reviewer_explores_only_the_runs_of_their_approvals_without_coun
 # -- in a browser -----------------------------------------------------------------------------
 
 
-def shots(tmp_path: Path) -> Path:
-    """Where screenshots go: artifacts/screenshots/ of the repository when TETHER_SCREENSHOTS
-    is set (to look at them after the run), else the test's own directory."""
-    wanted = os.environ.get("TETHER_SCREENSHOTS")
-    folder = ROOT / "artifacts" / "screenshots" if wanted else tmp_path
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
 async def test_in_a_browser_5000_runs_are_filtered_and_paged_with_the_keyboard(
-    app: tether.App, page: Page, admin: Person, problems: list[str], tmp_path: Path,  # noqa: F811
-) -> None:  # fmt: skip
+    app: tether.App, page: Page, admin: Person, problems: list[str], screenshots: Path
+) -> None:
     rows = spread(5000)
     insert(app, rows)
-    folder = shots(tmp_path)
     timings: list[tuple[str, float, float]] = []
 
     def timed(response: Response) -> None:
@@ -312,7 +298,7 @@ async def test_in_a_browser_5000_runs_are_filtered_and_paged_with_the_keyboard(
     await page.goto("/runs")
     await expect(page.locator("tr.run-row")).to_have_count(50)
     await expect(page.locator("tr.run-row").first).to_have_attribute("data-run-id", "run-04999")
-    await page.screenshot(path=folder / "runs-explorer-first.png", full_page=True)
+    await page.screenshot(path=screenshots / "runs-explorer-first.png", full_page=True)
 
     # The keyboard alone: Space ticks "failed", Tab reaches the workflow field, Enter submits.
     await page.get_by_label("failed", exact=True).focus()
@@ -334,7 +320,9 @@ async def test_in_a_browser_5000_runs_are_filtered_and_paged_with_the_keyboard(
     for number in range(1, 100):
         seen += await page.locator("tr.run-row").evaluate_all("rs => rs.map(r => r.dataset.runId)")
         if number == 2:
-            await page.screenshot(path=folder / "runs-explorer-filtered-page-2.png", full_page=True)
+            await page.screenshot(
+                path=screenshots / "runs-explorer-filtered-page-2.png", full_page=True
+            )
         following = page.locator("a[rel=next]")
         if not await following.count():
             break
@@ -365,7 +353,7 @@ async def test_in_a_browser_5000_runs_are_filtered_and_paged_with_the_keyboard(
         await page.keyboard.press("Enter")
     assert urlsplit(page.url).path == f"/runs/{run_id}"
     await expect(page.locator("body")).to_contain_text(str(run_id))
-    await page.screenshot(path=folder / "runs-explorer-opened-run.png", full_page=True)
+    await page.screenshot(path=screenshots / "runs-explorer-opened-run.png", full_page=True)
 
     for query, whole, queries in timings:  # printed, never asserted
         print(f"runs explorer, 5,000 runs: {whole:6.2f} ms on the server, {queries:5.2f} ms of "
