@@ -243,6 +243,12 @@ async def test_an_admin_cancels_a_run_from_its_page_with_the_keyboard_after_conf
     await expect(badge).to_have_text("cancelled", timeout=WAIT_MS)
     assert str(await (await app.get("run-cancel")).status()) == "cancelled"
     await expect(page.locator("#action-cancel")).to_have_count(0)  # nothing left to cancel
+    # The trail of actions shows who cancelled it, from where, through the page.
+    trail = page.locator("#run-trail li")
+    await expect(trail).to_have_count(1)
+    await expect(trail.first.locator("strong")).to_have_text("cancel")
+    await expect(trail.first.locator(".badge")).to_have_text("done")
+    await expect(trail.first).to_contain_text("by root via page from 127.0.0.1")
     await page.screenshot(path=screenshots / "run-page-cancelled.png", full_page=True)
 
 
