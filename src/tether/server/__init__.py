@@ -21,6 +21,7 @@ from tether.server.actions import build_actions
 from tether.server.api import build_router, refused
 from tether.server.auth import IDLE_SECONDS, SESSION_SECONDS, Auth, SignInRefused
 from tether.server.console import build_console
+from tether.server.counts import recent_counts
 from tether.server.explorer import build_explorer
 from tether.server.health import Probes
 from tether.server.http import MAX_BODY, Hygiene, Site
@@ -57,6 +58,7 @@ def create_server(
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await app.open()  # the App's owner (`tether serve`, or the caller) closes it
+        recent_counts(app).warm()  # on a large database the first read takes a while
         yield
 
     server = FastAPI(

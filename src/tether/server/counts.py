@@ -2,7 +2,8 @@
 queues page's depths. On a database of a million runs one count scans an index (about 0.1 s on
 SQLite), which no page may pay on every request: once a read takes longer than SLOW, pages get
 the last figures (at most MAX_AGE old) while one read refreshes them behind. Small databases
-are read fresh every time. /metrics reads its own, at every scrape.
+are read fresh every time. The server reads them once as it starts (`warm`), so its first
+page does not pay for the first read either. /metrics reads its own, at every scrape.
 """
 
 from __future__ import annotations
@@ -28,8 +29,20 @@ class RecentCounts:
         self._slow = False  # the last read took longer than SLOW
         self._refresh: asyncio.Task[StoreStats] | None = None
 
+    def warm(self) -> None:
+        """Start the first read behind (the server's start); pages meanwhile wait for it."""
+        if self._stats is None and self._refresh is None:
+            self._refresh = asyncio.create_task(self._read())
+            self._refresh.add_done_callback(self._refreshed)
+
     async def get(self) -> StoreStats:
         stats = self._stats
+        if stats is None and self._refresh is not None:
+            # The first read is under way: wait for it rather than read a second time.
+            try:
+                stats = await asyncio.shield(self._refresh)
+            except Exception:  # the warm read failed: read now, which raises why
+                stats = None
         if stats is None or not self._slow:
             return await self._read()
         if time.monotonic() - self._read_at > MAX_AGE and self._refresh is None:
