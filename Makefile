@@ -34,8 +34,12 @@ $(STAMP): pyproject.toml uv.lock
 	$(UV) sync --frozen --all-extras --compile-bytecode
 	touch $(STAMP)
 
+# The suite on two processes (pytest-xdist, a test file per process at a time), then the tests
+# marked `serial` alone: those bound an elapsed time (a recovery under 2 s...), need the CPU at a
+# moment, or set state for the whole process (pyproject.toml's markers; `pytest -q` runs it all).
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -q -m serial
 
 check: install
 	@$(UV) lock --check --quiet || { echo "uv.lock does not match pyproject.toml:" \

@@ -1,8 +1,8 @@
 """Shared fixtures: an App on every backend, in normal and in forced-replay mode, a `store`
 once per backend (the contract tests' and the store-level tests'), a throwaway PostgreSQL
-server for the session; and for the browser tests (tests/server/, tests/test_notifiers.py)
-`browser`, headless Chromium through Playwright, and `screenshots`, the folder their
-screenshots go to."""
+server for the session (one per process: make test runs the suite on two, pytest-xdist's);
+and for the browser tests (tests/server/, tests/test_notifiers.py) `browser`, headless
+Chromium through Playwright, and `screenshots`, the folder their screenshots go to."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+from tests.crash import tally
+from tests.faults import figures
 from tests.postgres_server import postgres_server, with_schema
 
 import tether
@@ -71,6 +73,29 @@ def pytest_report_to_serializable(
     surrogates (in logs, in assertion messages), which would kill the worker that sends them."""
     data = yield
     return cast(dict[str, object], _encodable(data))
+
+
+# What each pytest-xdist worker measured (the crash tally, the fault figures: the conftest.py of
+# tests/crash and tests/faults), sent as it ends: the controller's summary shows the sum.
+FROM_WORKERS: dict[str, list[Any]] = {"crash_tally": [], "fault_figures": []}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    output = getattr(node, "workeroutput", {})
+    for key, found in FROM_WORKERS.items():
+        if key in output:
+            found.append(output[key])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    shown = figures.lines(figures.merged(FROM_WORKERS["fault_figures"]))
+    if shown:
+        terminalreporter.section("fault suite figures")
+        for line in shown:
+            terminalreporter.write_line(line)
+    for line in tally.lines(tally.summed(FROM_WORKERS["crash_tally"])):
+        terminalreporter.write_line(line)
 
 
 @pytest.fixture(autouse=True)

@@ -77,17 +77,35 @@ class LocalPostgres:
             raise RuntimeError(f"{args[0]} failed: {exc.stderr}") from exc
 
     def start(self) -> None:
-        if not self.data.exists():
+        """Start the server (again, after stop(): on the same port). Another process may take
+        the port between _free_port() and the server's bind (make test runs the suite on two
+        processes, each with a server of its own): a first start then takes another port."""
+        first = not self.data.exists()
+        if first:
             self._run(self.initdb, "-D", str(self.data), "-U", "tether", "--auth=trust",
                       "-E", "UTF8", "--no-sync")  # fmt: skip
-        options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 "
-            f"-c unix_socket_directories={self.folder} -c fsync={'on' if self.durable else 'off'} "
-            "-c max_connections=200 "
-            "-c shared_buffers=32MB"
-        )
-        self._run(self.pg_ctl, "-D", str(self.data), "-l", str(self.folder / "server.log"),
-                  "-o", options, "-w", "-t", "60", "start")  # fmt: skip
+        log = self.folder / "server.log"
+        for attempt in range(1, 4):
+            logged = log.stat().st_size if log.exists() else 0
+            options = (
+                f"-p {self.port} -c listen_addresses=127.0.0.1 "
+                f"-c unix_socket_directories={self.folder} "
+                f"-c fsync={'on' if self.durable else 'off'} "
+                "-c max_connections=200 "
+                "-c shared_buffers=32MB"
+            )
+            try:
+                self._run(self.pg_ctl, "-D", str(self.data), "-l", str(log),
+                          "-o", options, "-w", "-t", "60", "start")  # fmt: skip
+                return
+            except RuntimeError:
+                with open(log, "rb") as f:
+                    f.seek(logged)
+                    taken = b"already in use" in f.read()
+                if not (first and taken) or attempt == 3:
+                    raise
+                self.port = _free_port()
+                self.url = f"postgresql://tether@127.0.0.1:{self.port}/postgres"
 
     def stop(self, mode: str = "fast") -> None:
         self._run(self.pg_ctl, "-D", str(self.data), "-m", mode, "-w", "stop", check=False)

@@ -552,6 +552,7 @@ async def greet(name: str) -> str:
 """
 
 
+@pytest.mark.serial  # bounds the stop on SIGTERM (under 5 s)
 def test_worker_runs_a_pending_run_and_exits_0_promptly_on_sigterm(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/w.db"
     (tmp_path / "cli_worker_mod.py").write_text(WORKER_MODULE.format(url=url))

@@ -849,6 +849,9 @@ async def test_a_workflow_past_its_timeout_fails_with_workflow_timeout(make_app:
             await (await app.start(flow)).result(timeout=10)
 
 
+# serial: reads the resumed run pending before the App's worker, polling every 50 ms, takes it;
+# a second test process on the machine delays the read past that (seen: "running").
+@pytest.mark.serial
 async def test_a_run_that_timed_out_resumes_with_its_timeout_counted_from_the_resume(
     make_app: MakeApp,
 ) -> None:

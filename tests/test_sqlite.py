@@ -18,6 +18,7 @@ from tether.store.port import NewRun
 from tether.store.sqlite import SqliteStore
 
 
+@pytest.mark.serial  # counts the loop's 10 ms ticks in 0.3 s: it needs the CPU then
 async def test_a_write_waits_for_a_lock_held_by_another_connection_without_blocking_the_loop(
     tmp_path: Path,
 ) -> None:

@@ -110,6 +110,13 @@ def everything_recorded(span: ReadableSpan) -> str:
     return "\n".join(parts)
 
 
+# serial: the module's fixture sets OpenTelemetry's global tracer provider, which can be set
+# once per process and stays: FastAPI then makes a server span of each request, and a test
+# file run after this one in the same process (pytest-xdist's order) sees it, as
+# test_observable_workers.py's traceparent test did. Run alone, after the rest.
+pytestmark = pytest.mark.serial
+
+
 async def test_a_run_makes_one_run_span_per_execution_with_its_step_attempts_as_children() -> None:
     app, deliver = build(telemetry=True)
     async with app:

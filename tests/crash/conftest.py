@@ -15,9 +15,9 @@ from tests.postgres_server import with_schema
 from .backends import drop_schema
 from .children import warm_bytecode_cache
 from .matrix import BACKENDS
+from .tally import lines, new_tally
 
-COUNTERS = ("crash_points", "lost_runs", "duplicate_completions", "slowest_recovery_ms")
-TALLY = {backend: dict.fromkeys(COUNTERS, 0) for backend in BACKENDS}
+TALLY = new_tally()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -55,21 +55,12 @@ def crash_tally(backend: str) -> dict[str, int]:
     return TALLY[backend]
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # a pytest-xdist worker: the controller shows the sum, tests/conftest.py
+        output["crash_tally"] = TALLY
+
+
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    def total(counter: str) -> int:
-        return sum(TALLY[b][counter] for b in BACKENDS)
-
-    def each(counter: str) -> str:  # every backend, so a skipped one shows as 0
-        return ", ".join(f"{b} {TALLY[b][counter]}" for b in BACKENDS)
-
-    if not total("crash_points"):
-        return
-
-    terminalreporter.write_line(
-        f"crash points tried: {total('crash_points')} ({each('crash_points')}), "
-        f"lost runs: {total('lost_runs')}, "
-        f"duplicate step completions: {total('duplicate_completions')}"
-    )
-    terminalreporter.write_line(
-        f"slowest recovery (process start to exit): {each('slowest_recovery_ms')} ms"
-    )
+    for line in lines(TALLY):
+        terminalreporter.write_line(line)

@@ -58,7 +58,8 @@ from .matrix import on_backends
 from .test_wait_crashes import RECOVERY_BOUND, Reader, State, mailbox, reruns, tally
 from .test_wait_crashes import Proc as WaitProc
 
-pytestmark = pytest.mark.crash
+# serial: recoveries are bounded (RECOVERY_BOUND), as in test_wait_crashes.py.
+pytestmark = [pytest.mark.crash, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 BC, AC = "store.before_commit", "store.after_commit"

@@ -37,7 +37,8 @@ from .children import child_env
 from .flows import CHECKPOINTS, STEPS, expected_result, read_lines
 from .matrix import on_backends
 
-pytestmark = pytest.mark.crash
+# serial: recoveries are bounded (RECOVERY_BOUND, under the first heartbeat).
+pytestmark = [pytest.mark.crash, pytest.mark.serial]
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_ID = "crash-run"

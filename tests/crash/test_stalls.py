@@ -25,6 +25,11 @@ from tests.crash.stall_flows import make_app
 from tether.store.port import RunStatus
 
 ROOT = Path(__file__).resolve().parents[2]
+# serial: each test stops a worker at a moment (SIGSTOP once its body began) and counts on the
+# lease (2.5 s) and the step's timeout (1.5 s) running out in order; a second test process on
+# the machine moves those moments (seen: the "after" case's effect made twice, the process
+# stopped between its began-file and its effect).
+pytestmark = pytest.mark.serial
 
 
 class Workers:

@@ -7,6 +7,12 @@ import pytest
 from tests.faults import figures
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)
+    if output is not None:  # a pytest-xdist worker: the controller shows them (tests/conftest.py)
+        output["fault_figures"] = figures.recorded()
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     shown = figures.lines()
     if shown:

@@ -499,6 +499,7 @@ def soak_db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[st
 
 
 @pytest.mark.crash
+@pytest.mark.serial  # kills on a schedule; a run asleep STUCK seconds on its event is lost
 @pytest.mark.timeout(int(SECONDS + FINISH + 120))
 async def test_random_workflows_end_as_the_model_says_while_workers_are_killed(
     soak_db: tuple[str, str], tmp_path: Path
