@@ -2,7 +2,8 @@
 step, a durable sleep, a child and an approval draws a timeline whose rows are its history, and
 its history lists inputs and outputs, escaped and redacted; a running run whose worker is gone
 says its owner is lost; an admin cancels from the page by keyboard, through the page that asks
-first (what cancelling does to the run, its id and workflow; admin only); a reviewer sees no
+first (what cancelling does to the run, its id and workflow; admin only), and forks it from a
+chosen step (the trail of actions names who did each, from where); a reviewer sees no
 actions and forged posts change nothing; refused actions are said on the page; an agent run
 shows its conversation with tokens and the tool's approval, also as JSON at
 /api/runs/{id}/transcript.
@@ -16,7 +17,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import httpx
 import pytest
@@ -250,6 +251,39 @@ async def test_an_admin_cancels_a_run_from_its_page_with_the_keyboard_after_conf
     await expect(trail.first.locator(".badge")).to_have_text("done")
     await expect(trail.first).to_contain_text("by root via page from 127.0.0.1")
     await page.screenshot(path=screenshots / "run-page-cancelled.png", full_page=True)
+
+
+async def test_an_admin_forks_a_run_from_a_chosen_step_on_its_page_with_the_keyboard(
+    app: tether.App, page: Page, admin: Person, screenshots: Path
+) -> None:
+    await start_approval(app, "run-fork")
+    await waiting(app, "run-fork")
+    await browser_sign_in(page, admin)
+    await page.goto("/runs/run-fork")
+    chosen = page.locator("#fork-step")
+    await expect(chosen).to_have_value("prepare")  # the first step the run recorded
+    options = await chosen.locator("option").all_inner_texts()
+    assert options == ["prepare", options[1]]  # prepare, then the approval
+    button = page.locator("#action-fork button")
+    await expect(button).to_have_attribute("aria-label", "Fork run run-fork from the chosen step")
+    await tab_to(page, button)
+    async with page.expect_navigation():
+        await page.keyboard.press("Enter")
+    # The new run's page: said so, linked to the run it came from.
+    await expect(page.locator("#run-done")).to_have_text("Forked: this is the new run.")
+    new_id = unquote(urlsplit(page.url).path.removeprefix("/runs/"))
+    assert new_id != "run-fork"
+    info = await (await app.get(new_id)).info()
+    assert info.fork is not None
+    assert (info.fork.source_run_id, info.fork.from_step) == ("run-fork", "prepare")
+    await expect(page.locator("main")).to_contain_text("forked from")
+    await page.screenshot(path=screenshots / "run-page-forked.png", full_page=True)
+    # The source run's trail says who forked it, from which step, into which run.
+    await page.goto("/runs/run-fork")
+    trail = page.locator("#run-trail li")
+    await expect(trail).to_have_count(1)
+    await expect(trail.first).to_contain_text(f"from step 'prepare': new run {new_id}")
+    await expect(trail.first).to_contain_text("by root via page from 127.0.0.1")
 
 
 async def test_the_cancel_confirmation_is_for_group_admin_and_its_post_needs_the_csrf_token(
