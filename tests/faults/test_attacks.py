@@ -20,7 +20,6 @@ import hashlib
 import hmac
 import json
 import logging
-import re
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -57,7 +56,7 @@ from tests.faults.attack_kit import (
     weakness,
 )
 from tests.postgres_server import with_schema
-from tests.server.kit import ORIGIN, SECRET, Person, serving, sign_in, start_approval
+from tests.server.kit import ORIGIN, SECRET, Person, csrf_of, serving, sign_in, start_approval
 
 import tether
 from tether.approvals.flow import approval_id as derive_approval_id
@@ -153,12 +152,6 @@ async def finish(app: tether.App, run_id: str) -> None:
 
 def decision_body(digest: str, option: str = "approve", **extra: Any) -> dict[str, Any]:
     return {"option": option, "operation_digest": digest, **extra}
-
-
-def csrf_of(page: str) -> str:
-    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', page)
-    assert found, "the page has no CSRF field"
-    return found.group(1)
 
 
 def events_of(app: tether.App, approval_id: str) -> list[str]:

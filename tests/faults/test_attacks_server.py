@@ -36,7 +36,7 @@ from tests.faults.attack_kit import (
     tamper,
     trail,
 )
-from tests.server.kit import ORIGIN, SECRET, Person, serving, sign_in, start_approval
+from tests.server.kit import ORIGIN, SECRET, Person, csrf_of, serving, sign_in, start_approval
 
 import tether
 from tether.cli import cli
@@ -88,12 +88,6 @@ async def ask(app: tether.App, run_id: str, **fields: Any) -> tether.Approval:
         while await handle.status() is not tether.RunStatus.WAITING:
             await asyncio.sleep(0.01)
     return found
-
-
-def csrf_of(page: str) -> str:
-    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', page)
-    assert found, "the page has no CSRF field"
-    return found.group(1)
 
 
 def sessions(app: tether.App) -> list[tuple[Any, ...]]:

@@ -2,7 +2,8 @@
 ORIGIN (the ASGI client's origin), SECRET, ASK (the default approval of the workflow `ask`),
 Person (a user with their token), build_app (an App with the workflow `ask`: step `prepare`, one
 approval shaped by the run's argument, then step `act` if approved), start_approval (start `ask`
-and wait for its pending approval), sign_in (open an inbox session through the form), LiveServer,
+and wait for its pending approval), csrf_of (the CSRF token of a page), sign_in (open an inbox
+session through the form), LiveServer,
 events (the (event, data) pairs of a server-sent event stream); for the browser tests WAIT_MS
 (how long to wait for the page) and browser_sign_in (sign in by the form in a Playwright page).
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import re
 import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -103,6 +105,13 @@ async def start_approval(app: tether.App, run_id: str, **fields: Any) -> tether.
         while not (found := await app.list_approvals(run_id=run_id)):
             await asyncio.sleep(0.01)
     return found[0]
+
+
+def csrf_of(page: str) -> str:
+    """The CSRF token of a page's forms."""
+    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', page)
+    assert found, "the page has no CSRF field"
+    return found.group(1)
 
 
 async def sign_in(client: httpx.AsyncClient, person: Person) -> httpx.Response:

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from tests.server.kit import ORIGIN, Person, sign_in, start_approval
+from tests.server.kit import ORIGIN, Person, csrf_of, sign_in, start_approval
 
 import tether
 from tether.actions import Actor, list_actions, recorded
@@ -30,12 +30,6 @@ pytestmark = pytest.mark.timeout(60)
 SAME = {"Origin": ORIGIN}
 HOSTILE = '"><img src=x onerror=alert(1)>'
 SECRET_VALUE = "sk-live-4f9a8b7c6d5e4f3a2b1c"
-
-
-def csrf_of(page: str) -> str:
-    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', page)
-    assert found, "the page has no CSRF field"
-    return found.group(1)
 
 
 def bearer(person: Person) -> dict[str, str]:

@@ -13,7 +13,16 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.server.kit import ORIGIN, SECRET, LiveServer, Person, events, sign_in, start_approval
+from tests.server.kit import (
+    ORIGIN,
+    SECRET,
+    LiveServer,
+    Person,
+    csrf_of,
+    events,
+    sign_in,
+    start_approval,
+)
 
 import tether
 from tether.server import create_server, live
@@ -26,12 +35,6 @@ SAME = {"Origin": ORIGIN}
 SCRIPT = "<script>window.__x=1</script>"
 ATTRIBUTE = '"><img src=x onerror=alert(1)>'
 TEMPLATE = "{{7*7}}"
-
-
-def csrf_of(page: str) -> str:
-    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', page)
-    assert found, "the page has no CSRF field"
-    return found.group(1)
 
 
 def region(page: str, pattern: str) -> str:

@@ -28,6 +28,7 @@ from tests.server.kit import (
     WAIT_MS,
     Person,
     browser_sign_in,
+    csrf_of,
     sign_in,
     start_approval,
 )
@@ -44,12 +45,6 @@ SAME = {"Origin": ORIGIN}
 HOSTILE = '"><img src=x onerror=alert(1)>'
 SECRET_VALUE = "sk-live-4f9a8b7c6d5e4f3a2b1c"
 USAGE = [(100, 10), (150, 20), (200, 5)]  # (input, output) tokens of each scripted turn
-
-
-def csrf_of(page: str) -> str:
-    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', page)
-    assert found, "the page has no CSRF field"
-    return found.group(1)
 
 
 def region(page: str, pattern: str) -> str:
