@@ -98,7 +98,12 @@ async def pending(app: tether.App, run_id: str) -> tether.Approval:
 
 
 async def test_a_rich_runs_timeline_rows_match_its_history_with_inputs_and_outputs(
-    app: tether.App, client: httpx.AsyncClient, admin: Person, alice: Person
+    app: tether.App,
+    client: httpx.AsyncClient,
+    admin: Person,
+    alice: Person,
+    page: Page,
+    screenshots: Path,
 ) -> None:
     register_rich(app)
     handle = await app.start("rich", id="run-rich")
@@ -148,6 +153,26 @@ async def test_a_rich_runs_timeline_rows_match_its_history_with_inputs_and_outpu
 
     kid_page = (await client.get(child)).text
     assert 'id="run-parent" href="/runs/run-rich"' in kid_page
+
+    # In Chromium: one drawn row per checkpoint, in the history's order, each on the axis (a
+    # box of its own, right of the labels), the child's row a link that opens the child.
+    await browser_sign_in(page, admin)
+    await page.goto("/runs/run-rich")
+    drawn = page.locator("#run-timeline svg.tl g[data-seq]")
+    await expect(drawn).to_have_count(len(history))
+    seqs = [int(await g.get_attribute("data-seq") or -1) for g in await drawn.all()]
+    assert seqs == [c.seq for c in history]
+    boxes = [await g.bounding_box() for g in await drawn.all()]
+    assert all(b is not None and b["width"] > 0 and b["height"] > 0 for b in boxes)
+    tops = [b["y"] for b in boxes if b is not None]
+    assert tops == sorted(tops)  # top to bottom in the history's order
+    listed_names = await page.locator("ol.timeline .step-name").all_inner_texts()
+    assert listed_names == [c.name for c in history]
+    await page.screenshot(path=screenshots / "run-page-timeline.png", full_page=True)
+    async with page.expect_navigation():
+        # On its bar, as a person clicks it (the link's box has room between label and bar).
+        await page.locator(f'#run-timeline svg.tl a[href="{child}"] rect.tl-bar').first.click()
+    await expect(page.locator("#run-parent")).to_have_attribute("href", "/runs/run-rich")
 
 
 async def test_a_running_run_whose_worker_is_gone_says_its_owner_is_lost(tmp_path: Path) -> None:
