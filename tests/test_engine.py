@@ -849,9 +849,6 @@ async def test_a_workflow_past_its_timeout_fails_with_workflow_timeout(make_app:
             await (await app.start(flow)).result(timeout=10)
 
 
-# serial: reads the resumed run pending before the App's worker, polling every 50 ms, takes it;
-# a second test process on the machine delays the read past that (seen: "running").
-@pytest.mark.serial
 async def test_a_run_that_timed_out_resumes_with_its_timeout_counted_from_the_resume(
     make_app: MakeApp,
 ) -> None:
@@ -871,11 +868,18 @@ async def test_a_run_that_timed_out_resumes_with_its_timeout_counted_from_the_re
         handle = await app.start(flow, id="timed-out")
         with pytest.raises(tether.RunFailed, match="WorkflowTimeout"):
             await handle.result(timeout=10)
-        pause = 0.0  # the fix: the step is fast now
+    pause = 0.0  # the fix: the step is fast now
+    # Resumed while no worker runs (the App open, its worker stopped), so what the resume
+    # wrote is read before any worker can take the run.
+    await app.open()
+    try:
         resumed = await app.resume("timed-out")
         info = await resumed.info()
-        assert await resumed.result(timeout=10) == "done"
+    finally:
+        await app.close()
     assert info.status is tether.RunStatus.PENDING
+    async with app:  # a worker again: the timeout counts from the resume, not from the start
+        assert await (await app.get("timed-out")).result(timeout=10) == "done"
 
 
 async def test_concurrent_steps_take_positions_in_call_order(make_app: MakeApp) -> None:
