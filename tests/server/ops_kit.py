@@ -171,7 +171,10 @@ async def more_messages(app: tether.App, setup: Setup) -> dict[str, str]:
     await app.start("send_to", FLAKY, id="pending-1")
 
     async def retrying() -> bool:
-        return bool(await app.list_outbox(status="pending", run_id="pending-1"))
+        # Pending after its first send failed (due again in an hour), not pending before it:
+        # a message is pending from its commit until the worker claims it.
+        found = await app.list_outbox(status="pending", run_id="pending-1")
+        return any(m.attempts >= 1 for m in found)
 
     await until(retrying)
     (pending,) = await app.list_outbox(status="pending", run_id="pending-1")

@@ -161,10 +161,6 @@ async def test_the_schedules_route_gives_the_next_slots_and_the_latest_runs(
     assert all(r["id"].startswith(f"schedule:{SCHEDULE}:") for r in shown["runs"])
 
 
-# serial: ops_kit.more_messages takes the pending message (due in an hour) after its first
-# attempt; slowed by a second test process, it looked before the worker claimed the message
-# (seen: none pending at the second look).
-@pytest.mark.serial
 async def test_the_outbox_route_lists_each_status_redacted_as_the_page_groups_them(
     app: tether.App, setup: Setup, client: httpx.AsyncClient, admin: Person
 ) -> None:
