@@ -9,7 +9,7 @@ and reconcile call is journaled in SIDE_DIR/journal.txt as `ROLE pid what`.
 The body of ROLE "first" signals SIDE_DIR/began-<pid> and then, by $STALL_AT:
     before   sleeps 1 s (within its timeout) before the effect; the test stops the process
              with SIGSTOP meanwhile, for longer than the lease
-    after    makes the effect, then sleeps 30 s
+    after    makes the effect, then signals and sleeps 30 s
     block    is a sync body (a thread) that sleeps 4 s before the effect, while another run's
              async step blocks the event loop with time.sleep(6): the loop stalls past the lease
     stuck    the same, but the sync body sleeps 8 s and the loop stays blocked for 12 s, past
@@ -78,12 +78,15 @@ def make_app(db: str, side_dir: str | Path, role: str = ROLE) -> tether.App:
     async def charge(amount: int) -> str:
         note("begin")
         key = tether.idempotency_key()
-        if stall:
+        # "after" signals once its effect is made: stopped between the signal and the effect,
+        # it would be the "before" case, which the test does not expect there.
+        if stall and stall != "after":
             (side / f"began-{os.getpid()}").touch()
         if stall == "before":
             await asyncio.sleep(1.0)
         receipt = effect(key, amount)
         if stall == "after":
+            (side / f"began-{os.getpid()}").touch()
             await asyncio.sleep(30)
         return receipt
 
