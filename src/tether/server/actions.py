@@ -5,6 +5,7 @@ models. It reads tether.actions and writes nothing; the pages show the same entr
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -43,9 +44,7 @@ class ActionOut(BaseModel):
 
     @classmethod
     def of(cls, entry: ActionInfo) -> ActionOut:
-        return cls(id=entry.id, at=iso(entry.at) or "", actor=entry.actor, via=entry.via,
-                   client=entry.client, action=entry.action, subject=entry.subject,
-                   outcome=entry.outcome, detail=entry.detail)  # fmt: skip
+        return cls(**{**asdict(entry), "at": iso(entry.at) or ""})
 
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
