@@ -11,7 +11,7 @@ import getpass
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Literal
 
@@ -63,8 +63,18 @@ class ActionInfo:
 
     @classmethod
     def of(cls, record: ActionRecord) -> ActionInfo:
-        return cls(record.id, to_datetime(record.at), record.actor, record.via, record.client,
-                   record.action, record.subject, record.outcome, record.detail)  # fmt: skip
+        return cls(**{**asdict(record), "at": to_datetime(record.at)})
+
+
+def about_event(key: str) -> str:
+    """The detail of an event sent, wherever it was sent from (its payload is not kept)."""
+    return f"event {key!r}"
+
+
+def about_fork(from_step: str, new_run: str | None = None) -> str:
+    """The detail of a fork: its step, and once it is made, its new run."""
+    said = f"from step {from_step!r}"
+    return said if new_run is None else f"{said}: new run {new_run}"
 
 
 def _bounded(text: str, limit: int) -> str:

@@ -10,7 +10,7 @@ import json
 
 import click
 
-from tether.actions import Actor, recorded
+from tether.actions import Actor, about_event, recorded
 from tether.app import App
 from tether.cli.common import CliError, chosen, database_options, run_with_app
 
@@ -44,7 +44,7 @@ def events_send(ctx: click.Context, run_id: str, key: str, payload: str, as_json
         ) from None
 
     async def work(app: App) -> None:
-        async with recorded(app, Actor.cli(), "send", run_id, detail=f"event {key!r}"):
+        async with recorded(app, Actor.cli(), "send", run_id, detail=about_event(key)):
             await app.send(run_id, key, value)
 
     run_with_app(ctx, work)

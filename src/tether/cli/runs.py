@@ -17,7 +17,7 @@ import click
 from rich.pretty import Pretty
 from rich.text import Text
 
-from tether.actions import Actor, recorded
+from tether.actions import Actor, about_fork, recorded
 from tether.app import App
 from tether.cli.common import (
     chosen,
@@ -366,10 +366,10 @@ def runs_fork(
     """
 
     async def work(app: App) -> RunInfo:
-        about = f"from step {from_step!r}"
+        about = about_fork(from_step)
         async with recorded(app, Actor.cli(), "fork", run_id, detail=about) as said:
             handle = await app.fork(run_id, from_step, id=new_id)
-            said.detail = f"{about}: new run {handle.id}"
+            said.detail = about_fork(from_step, handle.id)
         return await handle.info()
 
     info = run_with_app(ctx, work)

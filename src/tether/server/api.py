@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from fastapi.security import HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
-from tether.actions import Actor, recorded
+from tether.actions import about_event, about_fork, recorded
 from tether.app import App
 from tether.approvals.model import Approval
 from tether.core.handle import RunInfo
@@ -50,7 +50,7 @@ from tether.errors import (
 )
 from tether.redact import redact_text
 from tether.server import operations
-from tether.server.auth import Auth, client_of
+from tether.server.auth import Auth, actor_of, client_of
 from tether.server.http import StrictRoute
 from tether.server.operations import OutboxMessageOut, QueuesOut, SchedulesOut, WorkersOut
 from tether.server.sse import END, event_stream, start_offset
@@ -253,11 +253,6 @@ async def reviewer_page(
     return shown, cursor
 
 
-def acting(user: User, request: Request) -> Actor:
-    """The user of a request to the API, as the trail of actions names them."""
-    return Actor(user.name, "api", client_of(request))
-
-
 def build_router(app: App) -> APIRouter:
     router = APIRouter(prefix="/api", route_class=StrictRoute, responses=ERRORS)
     access = Access(app)
@@ -331,7 +326,7 @@ def _run_routes(router: APIRouter, app: App, access: Access) -> None:
         await access.run(run_id, user)
         access.admin(user, "cancel runs")
         handle = await app.get(run_id)
-        async with recorded(app, acting(user, request), "cancel", run_id):
+        async with recorded(app, actor_of(user, request, "api"), "cancel", run_id):
             await handle.cancel()
         return run_json(await handle.info())
 
@@ -347,8 +342,8 @@ def _run_routes(router: APIRouter, app: App, access: Access) -> None:
         await access.run(run_id, user)
         access.admin(user, "send events")
         try:
-            async with recorded(app, acting(user, request), "send", run_id,
-                                detail=f"event {key!r}"):  # fmt: skip
+            async with recorded(app, actor_of(user, request, "api"), "send", run_id,
+                                detail=about_event(key)):  # fmt: skip
                 await app.send(run_id, key, payload)
         except (ConfigurationError, SerializationError) as exc:
             raise HTTPException(422, str(exc)) from None
@@ -456,11 +451,11 @@ def _value_routes(router: APIRouter, app: App, access: Access) -> None:
         await access.run(run_id, user)
         access.admin(user, "fork runs")
         try:
-            async with recorded(app, acting(user, request), "fork", run_id,
-                                detail=f"from step {body.from_step!r}") as said:  # fmt: skip
+            async with recorded(app, actor_of(user, request, "api"), "fork", run_id,
+                                detail=about_fork(body.from_step)) as said:  # fmt: skip
                 handle = await app.fork(run_id, body.from_step, id=body.id,
                                         started_by=user.name)  # fmt: skip
-                said.detail = f"from step {body.from_step!r}: new run {handle.id}"
+                said.detail = about_fork(body.from_step, handle.id)
         except (ConfigurationError, IdempotencyConflict) as exc:
             # The run's history has no such step or cannot be reused, or the id is taken.
             raise HTTPException(409, str(exc)) from None
@@ -585,6 +580,6 @@ def _ops_routes(router: APIRouter, app: App) -> None:
     ) -> OutboxMessageOut:
         Access.admin(user, "send outbox messages again")
         try:
-            return await operations.retry_message(app, message_id, acting(user, request))
+            return await operations.retry_message(app, message_id, actor_of(user, request, "api"))
         except ConfigurationError as exc:
             raise HTTPException(409, redact_text(str(exc))) from None

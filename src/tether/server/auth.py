@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 from fastapi import HTTPException, Request
 
-from tether.actions import Actor
+from tether.actions import Actor, Via
 from tether.actions import record as record_action
 from tether.app import App
 from tether.errors import ConfigurationError
@@ -77,6 +77,11 @@ def check_secret(secret: bytes) -> bytes:
 def client_of(request: Request) -> str:
     """The client's address as the server saw it (behind a trusted proxy: X-Forwarded-For)."""
     return request.client.host if request.client else "unknown"
+
+
+def actor_of(user: User, request: Request, via: Via) -> Actor:
+    """The user of a request, as the trail of actions names them: through what, from where."""
+    return Actor(user.name, via, client_of(request))
 
 
 def too_many(wait: int) -> HTTPException:
@@ -199,8 +204,8 @@ class Auth:
         record = SessionRecord(_hash(session_id), user.name, now, now, now + self.lifetime,
                                self.idle)  # fmt: skip
         await self.app.engine.store.create_session(record, now)
-        await record_action(self.app, Actor(user.name, "page", client_of(request)), "sign-in",
-                            user.name, detail=how)  # fmt: skip
+        await record_action(self.app, actor_of(user, request, "page"), "sign-in", user.name,
+                            detail=how)  # fmt: skip
         payload = session_id
         if groups is not None:
             packed = json.dumps(sorted(groups), separators=(",", ":")).encode()
@@ -263,8 +268,8 @@ class Auth:
             return False
         ended = await self.app.engine.store.end_session(_hash(found[0]), self.now())
         if ended:
-            await record_action(self.app, Actor(user.name, "page", client_of(request)),
-                                "sign-out", user.name)  # fmt: skip
+            await record_action(self.app, actor_of(user, request, "page"), "sign-out",
+                                user.name)  # fmt: skip
         return ended
 
     async def still_valid(self, request: Request, via: Literal["bearer", "session"]) -> bool:

@@ -10,11 +10,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import RedirectResponse
 
-from tether.actions import Actor
 from tether.app import App
 from tether.errors import ConfigurationError
 from tether.redact import redact_text
-from tether.server.auth import client_of
+from tether.server.auth import actor_of
 from tether.server.inbox import Inbox, Visitor
 from tether.server.live import Scope, Watch, digest
 from tether.server.operations import PAGES, retry_message
@@ -77,9 +76,7 @@ class Console:
         if not visitor.user.is_admin:
             return self.not_admin(visitor)
         try:
-            await retry_message(
-                self.app, message_id, Actor(visitor.user.name, "page", client_of(request))
-            )
+            await retry_message(self.app, message_id, actor_of(visitor.user, request, "page"))
         except ConfigurationError as exc:  # unknown, or not failed (sent again already)
             return inbox.problem(visitor, 409, "Not sent again", redact_text(str(exc)))
         return RedirectResponse("/ops/outbox", 303)

@@ -442,9 +442,8 @@ def build_inbox(app: App, inbox: Inbox | None = None) -> APIRouter:
                 visitor.session, form.get("csrf", "")
             ):
                 return inbox.forged(visitor)
-            await auth.end_session(
-                request, visitor.user
-            )  # the cookie and its CSRF token open nothing now
+            # The cookie and its CSRF token open nothing now.
+            await auth.end_session(request, visitor.user)
         response = RedirectResponse("/", 303)
         response.delete_cookie(
             SESSION_COOKIE, path="/", secure=auth.secure, httponly=True, samesite="strict"

@@ -21,7 +21,7 @@ from fastapi.responses import RedirectResponse
 from markupsafe import Markup
 from pydantic import BaseModel
 
-from tether.actions import Actor, list_actions, recorded
+from tether.actions import about_event, about_fork, list_actions, recorded
 from tether.agents.transcript import Price, Transcript, transcript_json, transcript_of
 from tether.app import App
 from tether.approvals.model import Approval
@@ -30,7 +30,7 @@ from tether.core.handle import RunInfo
 from tether.errors import ConfigurationError, TetherError
 from tether.redact import redact_text
 from tether.server.api import ERRORS, CurrentUser, RunId
-from tether.server.auth import client_of
+from tether.server.auth import actor_of
 from tether.server.http import StrictRoute
 from tether.server.inbox import Inbox, Visitor
 from tether.server.live import Scope, Watch, approvals_of_run, state
@@ -201,13 +201,13 @@ class RunPage:
             return inbox.problem(visitor, 403, "Refused", "Only group admin may act on runs.")
         entered = {k: form.get(k, "") for k in ("key", "payload", "from_step")}
         target = run_id
-        actor = Actor(visitor.user.name, "page", client_of(request))
+        actor = actor_of(visitor.user, request, "page")
         try:
             async with recorded(self.app, actor, action, run_id,
                                 detail=about(action, entered)) as said:  # fmt: skip
                 target = await self._do(action, run_id, entered, visitor)
                 if target != run_id:
-                    said.detail += f": new run {target}"
+                    said.detail = about_fork(entered["from_step"], target)
         except TetherError as exc:
             # Refused by the library (a finished run, a step it did not record, a payload
             # that is not JSON): said on the page, with what was typed kept.
@@ -217,7 +217,7 @@ class RunPage:
                 visitor, run_id, status=409, error=redact_text(str(exc)), entered=entered
             )
         log.info("run page: %s of run %s by %s from %s%s", action, visible(run_id),
-                 visible(visitor.user.name), visible(client_of(request)),
+                 visible(visitor.user.name), visible(actor.client),
                  f" (new run {visible(target)})" if target != run_id else "")  # fmt: skip
         return RedirectResponse(f"/runs/{quote(target, safe='')}?{urlencode({'done': action})}",
                                 303)  # fmt: skip
@@ -322,9 +322,9 @@ def facts(
 def about(action: str, entered: Mapping[str, str]) -> str:
     """What the trail of actions says of a page's action besides its name and run."""
     if action == "send":
-        return f"event {entered['key'].strip()!r}"
+        return about_event(entered["key"].strip())
     if action == "fork":
-        return f"from step {entered['from_step']!r}"
+        return about_fork(entered["from_step"])
     return ""
 
 
