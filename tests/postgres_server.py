@@ -65,7 +65,10 @@ class LocalPostgres:
             os.chown(self.folder, uid, gid)
             self.folder.chmod(0o700)
         self.port = _free_port()
-        self.url = f"postgresql://tether@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://tether@127.0.0.1:{self.port}/postgres"
 
     def _run(self, *args: str, check: bool = True) -> None:
         try:
@@ -105,7 +108,6 @@ class LocalPostgres:
                 if not (first and taken) or attempt == 3:
                     raise
                 self.port = _free_port()
-                self.url = f"postgresql://tether@127.0.0.1:{self.port}/postgres"
 
     def stop(self, mode: str = "fast") -> None:
         self._run(self.pg_ctl, "-D", str(self.data), "-m", mode, "-w", "stop", check=False)
