@@ -25,8 +25,8 @@ EXPECTED_SQLITE_TABLES = {
     "tether_actions",
 }  # fmt: skip
 # 0: the file's versions are numbered like PostgreSQL's (the same files in both dialects).
-SQLITE_VERSIONS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
-POSTGRES_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
+SQLITE_VERSIONS = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
+POSTGRES_VERSIONS = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20]
 GOLDEN = Path(__file__).parent / "golden"
 
 

@@ -498,6 +498,36 @@ async def test_finish_run_cancels_pending_approvals_and_leaves_decided_ones(
     assert [a.id for a in await store.list_approvals(status=CANCELLED)] == ["p1", "p2"]
 
 
+async def test_an_approval_created_while_its_run_ends_elsewhere_never_stays_pending(
+    store: Store,
+) -> None:
+    """Two handles on one database (two workers' stores), so each write is alone in its own
+    commit: PostgreSQL then ends a run with no pending approval in one statement, and an
+    approval committed just before it, or racing it, must still end cancelled, or fail."""
+    other = store.another() or store
+    if other is not store:
+        await other.open()
+    try:
+        for i in range(20):
+            lease = await running(store, f"r{i}")
+            made, _ = await asyncio.gather(
+                other.create_approval(lease, approval(f"a{i}", f"r{i}"), NOW + 1),
+                store.finish_run(lease, RunStatus.SUCCEEDED, "1", None, NOW + 2),
+                return_exceptions=True,
+            )
+            assert (await get(store, f"r{i}")).status is RunStatus.SUCCEEDED
+            record = await store.get_approval(f"a{i}")
+            if isinstance(made, LeaseLost):  # the run had ended: nothing was created
+                assert record is None
+            else:
+                assert not isinstance(made, BaseException), made
+                assert record is not None
+                assert record.status == CANCELLED, (i, record.status)
+    finally:
+        if other is not store:
+            await other.close()
+
+
 async def test_cancel_run_cancels_the_pending_approvals_of_the_runs_it_ends_at_once(
     store: Store,
 ) -> None:

@@ -35,13 +35,16 @@ class Conflict(Exception):
 class Query:
     """One statement: a named query, its parameters (a list of them when `many`), and the
     named fragments that make its WHERE clause. A `guard`ed one may break a unique constraint
-    (Conflict) without spoiling its transaction."""
+    (Conflict) without spoiling its transaction. An operation's first query may be `alone`: it
+    does the whole operation or changes nothing, so a driver may commit it on its own before
+    running the rest (PostgreSQL: one round trip instead of a transaction's three)."""
 
     name: str
     params: Params | Sequence[Params]
     many: bool = False
     where: tuple[str, ...] = ()
     guard: bool = False
+    alone: bool = False
 
 
 # An operation yields queries and gets back, for each: its rows (a SELECT or RETURNING), the

@@ -4,8 +4,9 @@ Writes (operations of tether.store.ops) queue; a committer takes every write que
 commits them in one transaction, each fenced by its own statements (one run's lost lease never
 fails another's write: that operation alone is undone, by a savepoint when it has several
 statements), so many runs share one commit and one WAL flush. A write alone with one statement
-runs in autocommit: one round trip. Reads run on pooled connections, never queued. It knows
-nothing of runs.
+runs in autocommit: one round trip; so does an operation whose first statement may do it all
+(`alone`: a run's end) when that statement did. Reads run on pooled connections, never queued.
+It knows nothing of runs.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from tether.store.drivers.postgres.body import BodyFailed, call_body
 from tether.store.drivers.postgres.options import postgres_options
 from tether.store.port.maintenance import StorageSizes, WalState
 from tether.store.port.outbox import TransactionBody, TransactionOutcome
-from tether.store.query import Conflict, Op, Queries, Query, adrive, check_schema
+from tether.store.query import Conflict, Op, Queries, Query, adrive, check_schema, prime
 from tether.store.tables import RUN_TABLES
 
 T = TypeVar("T")
@@ -435,20 +436,24 @@ class PostgresDriver:
             write.outcome = (False, exc)
 
     async def _transaction(self, conn: Conn, batch: list[_Write]) -> None:
-        if len(batch) == 1 and not batch[0].multi and not faults.ENABLED:
-            # One single-statement write: autocommit makes the statement its own transaction,
-            # which saves the BEGIN and COMMIT round trips. (With fault sites enabled the
-            # explicit path runs, so that "before commit" exists to be hit.)
-            write, tx = batch[0], _Tx()
-            try:
-                write.outcome = (True, await self._drive(conn, write.make, tx))
-            except psycopg.Error:
-                raise
-            except Exception as exc:
-                write.outcome = (False, exc)
-            if tx.notify:
-                await conn.execute(f"NOTIFY {CHANNEL}")
-            return
+        if len(batch) == 1 and not faults.ENABLED:
+            # One write: autocommit makes a single statement its own transaction, which saves
+            # the BEGIN and COMMIT round trips. (With fault sites enabled the explicit path
+            # runs, so that "before commit" exists to be hit.)
+            write = batch[0]
+            if not write.multi:
+                tx = _Tx()
+                try:
+                    write.outcome = (True, await self._drive(conn, write.make, tx))
+                except psycopg.Error:
+                    raise
+                except Exception as exc:
+                    write.outcome = (False, exc)
+                if tx.notify:
+                    await conn.execute(f"NOTIFY {CHANNEL}")
+                return
+            if await self._alone_first(conn, write):
+                return
         shared = len(batch) > 1
         try:
             async with conn.pipeline() as pipeline:
@@ -470,6 +475,30 @@ class PostgresDriver:
             return
         for write in batch:
             faults.hit("store.after_commit", write.label)
+
+    async def _alone_first(self, conn: Conn, write: _Write) -> bool:
+        """Settle a write whose operation opens with an `alone` statement by that statement in
+        autocommit, when it is all the operation needs (True). Otherwise that statement has
+        changed nothing, and the operation runs whole in a transaction (False)."""
+        op = write.make()
+        try:
+            first, _ = prime(op)
+            if first is None or not first.alone:
+                return False
+            result = await self._execute(conn, _Tx(), first)
+            try:
+                op.send(result)
+            except StopIteration as stop:
+                write.outcome = (True, stop.value)
+                return True
+            return False
+        except psycopg.Error:
+            raise
+        except Exception as exc:
+            write.outcome = (False, exc)
+            return True
+        finally:
+            op.close()
 
     async def _lockstep(self, conn: Conn, writes: list[_Write], tx: _Tx) -> None:
         """Run single-statement writes side by side: each round sends the next statement of

@@ -192,7 +192,14 @@ SET status = 'waiting', owner = NULL, lease_expires_at = NULL, wake_on = %(wake_
     updated_at = %(now)s, failures = 0, error = NULL
 WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s;
 
+-- name: finish_alone
+-- A run's whole end when it has no parent and no pending approval, else nothing (FALSE): see
+-- tether_finish_alone in 0020_finish.sql.
+SELECT tether_finish_alone(%(run_id)s, %(worker)s, %(epoch)s, %(status)s, %(result)s,
+                           %(error)s, %(now)s, %(failures)s::integer);
+
 -- name: finish_run
+-- Its SET list is tether_finish_alone's (0020_finish.sql): keep them one.
 UPDATE tether_runs
 SET status = %(status)s, result = %(result)s, error = %(error)s, owner = NULL,
     lease_expires_at = NULL, wake_at = NULL, wake_on = NULL, cancel_requested = FALSE,

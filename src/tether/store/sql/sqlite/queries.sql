@@ -173,6 +173,9 @@ SET status = 'waiting', owner = NULL, lease_expires_at = NULL, wake_on = :wake_o
     updated_at = :now, failures = 0, error = NULL
 WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch;
 
+-- name: finish_alone
+-- Nothing: a run's end is one transaction of the single writer, whatever it has to do.
+
 -- name: finish_run
 UPDATE tether_runs
 SET status = :status, result = :result, error = :error, owner = NULL, lease_expires_at = NULL,

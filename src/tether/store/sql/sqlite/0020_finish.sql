@@ -1,0 +1,3 @@
+-- Tether schema v20 for SQLite: nothing to change. PostgreSQL's v20 adds a function that ends a
+-- run in one statement; here a run's end is one transaction of the single writer already, so
+-- the numbers of both dialects stay the same.
