@@ -75,7 +75,9 @@ async def test_a_timed_out_attempt_without_a_hook_fails_with_outcome_unknown(
     app = make_app()
     effects: list[str] = []
 
-    @app.step(at_most_once=True, timeout=SHORT)
+    # Longer than SHORT: the body must start, and its marker's commit can take 0.3 s on a
+    # loaded machine (with no time left, the body never starts).
+    @app.step(at_most_once=True, timeout=timedelta(seconds=2))
     async def publish() -> str:
         effects.append("effect")
         await asyncio.sleep(30)

@@ -176,7 +176,8 @@ async def test_a_real_run_is_drawn_one_row_per_checkpoint_at_its_recorded_times(
     assert [int(r.get("data-seq", "")) for r in rows] == [c.seq for c in history]
     assert [r.get("data-kind") for r in rows] == [c.kind for c in history]
     # Every bar spans its checkpoint's recorded start and end on an axis from the run's
-    # creation to its end (at least MIN_BAR wide, so the instants stay visible).
+    # creation to its end (at least MIN_BAR wide, so the instants stay visible; a bar that
+    # starts within MIN_BAR of the axis's end is moved left to fit inside the plot).
     start = min([info.created_at.timestamp()] + [c.started_at for c in history if c.started_at])
     assert info.finished_at is not None
     end = info.finished_at.timestamp()
@@ -186,9 +187,10 @@ async def test_a_real_run_is_drawn_one_row_per_checkpoint_at_its_recorded_times(
         bar = _bar(row)
         assert {"tl-bar", f"tl-k-{cp.kind}", "tl-s-completed"} <= _classes(bar)
         x, width = float(bar.get("x", "")), float(bar.get("width", ""))
-        assert x == pytest.approx(_x(cp.started_at, start, end), abs=0.02)
         true_width = _x(cp.finished_at, start, end) - _x(cp.started_at, start, end)
         assert width == pytest.approx(max(true_width, tl.MIN_BAR), abs=0.02)
+        inside = tl.PLOT_X + tl.PLOT_WIDTH - max(true_width, tl.MIN_BAR)
+        assert x == pytest.approx(min(_x(cp.started_at, start, end), inside), abs=0.02)
         assert _title(bar).splitlines()[:2] == [cp.name, f"{cp.kind} \u00b7 completed"]
     sleep = _bar(rows[1])
     assert float(sleep.get("width", "")) >= 0.3 / (end - start) * tl.PLOT_WIDTH - 0.02
