@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
+import uuid
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 
+import psycopg
 import pytest
+from tests.contract.test_approval_contract import approval as pending
+from tests.postgres_server import with_schema
 
 import tether
-from tether.store.port import RunStatus
+from tether.store.port import Lease, NewRun, RunStatus
+from tether.store.postgres import CHANNEL, PostgresStore, parse_postgres_url
 
 MakeApp = Callable[..., tether.App]
 
@@ -131,3 +136,46 @@ def test_bad_queue_limits_are_refused_with_what_to_fix() -> None:
 
     with pytest.raises(tether.ConfigurationError, match="priority must be an int"):
         asyncio.run(app.start(anything, priority="high"))  # type: ignore[arg-type]
+
+
+async def test_on_postgresql_the_end_of_a_queued_run_wakes_other_workers_and_no_other_end_does(
+    postgres_url: str,
+) -> None:
+    """A run's end frees budget only in a queue: it is the only end that sends a wake-up to
+    other processes' workers, whether it ends in one statement or with its pending approvals
+    cancelled in a transaction. The listener is another process's, as a raw connection."""
+    url = with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}")
+    store = PostgresStore(url)
+    await store.open()
+    conninfo, _ = parse_postgres_url(url)
+    listener = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+    await listener.execute(f"LISTEN {CHANNEL}")
+
+    async def woken(ends: Callable[[], Awaitable[object]]) -> int:
+        async for _ in listener.notifies(timeout=0.3):
+            pass  # the wake-ups of the run's creation, before its end
+        await ends()
+        return len([n async for n in listener.notifies(timeout=0.3, stop_after=1)])
+
+    async def ended(run_id: str, queue: str | None, *, approval: bool = False) -> int:
+        now = 1000.0
+        run = NewRun(run_id, "wf", '{"args": [], "kwargs": {}}', queue=queue)
+        await store.create_run(run, now, owner="w1", lease_until=now + 30)
+        lease = Lease(run_id, "w1", 1)
+        if approval:
+            await store.create_approval(lease, pending(f"a-{run_id}", run_id), now + 1)
+        return await woken(lambda: store.finish_run(lease, RunStatus.SUCCEEDED, "1", None,
+                                                    now + 2))  # fmt: skip
+
+    try:
+        assert await ended("plain", None) == 0
+        assert await ended("queued", "renders") == 1
+        assert await ended("queued-approval", "renders", approval=True) == 1
+        assert await ended("plain-approval", None, approval=True) == 0
+        for approval_id in ("a-queued-approval", "a-plain-approval"):
+            record = await store.get_approval(approval_id)
+            assert record is not None
+            assert record.status == "cancelled"  # the full end ran
+    finally:
+        await listener.close()
+        await store.close()

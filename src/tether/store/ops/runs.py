@@ -237,14 +237,16 @@ def finish_run(
     params = {**fence(lease), "status": str(status), "result": result, "error": error,
               "now": now, "failures": failures}  # fmt: skip
     # A run with no parent and no pending approval ends by its own row: a dialect may do that
-    # in one statement (it answers TRUE, having woken the workers), else it changes nothing.
+    # in one statement (it answers TRUE, having woken the workers if it freed a queue's budget),
+    # else it changes nothing.
     done = yield Query("finish_alone", params, alone=True)
     if done and done[0][0] is True:
         return
     row = yield from one("finish_run", **params)
     if row is None:
         raise (yield from lease_lost(lease))
-    yield NOTIFY
+    if row[1] is not None:  # its end frees a queue's budget: idle workers may claim
+        yield NOTIFY
     yield from ended(lease.run_id, row[0], status, result, error, now)
 
 

@@ -206,7 +206,7 @@ SET status = %(status)s, result = %(result)s, error = %(error)s, owner = NULL,
     finished_at = %(now)s, updated_at = %(now)s,
     failures = coalesce(%(failures)s::integer, failures)
 WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s
-RETURNING parent_id;
+RETURNING parent_id, queue;
 
 -- name: fail_execution
 -- An execution failed outside the workflow's code: the run waits until retry_at.

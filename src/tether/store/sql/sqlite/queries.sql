@@ -182,7 +182,7 @@ SET status = :status, result = :result, error = :error, owner = NULL, lease_expi
     wake_at = NULL, wake_on = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now,
     failures = coalesce(:failures, failures)
 WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch
-RETURNING parent_id;
+RETURNING parent_id, queue;
 
 -- name: fail_execution
 -- An execution failed outside the workflow's code: the run waits until :retry_at.
