@@ -498,6 +498,35 @@ async def test_finish_run_cancels_pending_approvals_and_leaves_decided_ones(
     assert [a.id for a in await store.list_approvals(status=CANCELLED)] == ["p1", "p2"]
 
 
+@pytest.mark.parametrize(("status", "failures"), [(RunStatus.SUCCEEDED, None),
+                                                   (RunStatus.DEAD, 4)])  # fmt: skip
+async def test_a_run_ends_with_the_same_row_whether_it_had_approvals_to_cancel_or_not(
+    store: Store, status: RunStatus, failures: int | None
+) -> None:
+    """PostgreSQL ends a run without pending approvals in one statement and one with them in a
+    transaction that also cancels them: two SET lists, which must leave the same row."""
+    rows = []
+    for run_id, pending in (("plain", False), ("held", True)):
+        lease = await running(store, run_id)
+        await store.suspend_run(lease, NOW + 500, NOW + 1, ["go"])  # wake_at, wake_on set
+        (run,) = await store.claim_runs("w1", [WF], NOW + 500, NOW + 500 + LEASE, 1)
+        lease = lease_of(run)
+        await store.cancel_run(run_id, '{"type": "RunCancelled"}', NOW + 500.5)  # flagged
+        assert (await get(store, run_id)).cancel_requested
+        if pending:
+            await created(store, approval(f"a-{run_id}", run_id), NOW + 501)
+        if failures is None:
+            await store.finish_run(lease, status, '"done"', None, NOW + 502.5)
+        else:
+            await store.fail_execution(lease, '{"type": "E"}', failures, None, NOW + 502.5)
+        rows.append(replace(await get(store, run_id), id="", args=""))
+    plain, held = rows
+    assert plain == held
+    assert (plain.status, plain.owner, plain.lease_expires_at) == (status, None, None)
+    assert (plain.wake_at, plain.wake_on, plain.cancel_requested) == (None, (), False)
+    assert (plain.finished_at, plain.updated_at) == (NOW + 502.5, NOW + 502.5)
+
+
 async def test_an_approval_created_while_its_run_ends_elsewhere_never_stays_pending(
     store: Store,
 ) -> None:
