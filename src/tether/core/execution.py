@@ -472,6 +472,11 @@ class RunContext:
             last = self.pending.pop()
             await self.write(last)
 
+    def unwritten(self) -> list[Checkpoint]:
+        """Take the recorded helpers still queued (for the run's end, which writes them)."""
+        taken, self.pending = self.pending, []
+        return taken
+
     def failed_at(self, error: BaseException, position: str) -> None:
         """`error` is what the step at `position` raised into the workflow (so a run that
         fails with it names the checkpoint, for `app.resume`)."""

@@ -161,6 +161,7 @@ class Runner:
                 await self._finish(RunStatus.SUCCEEDED, result, None)
                 return
             if isinstance(failure, ReplayNow):
+                ctx.unwritten()  # recorded anew by the replay
                 history = await engine.store.load_history(record.id)
                 continue
             await self._conclude(ctx, failure)
@@ -286,7 +287,7 @@ class Runner:
         missing = ctx.unreplayed()
         if missing is not None:
             raise ctx.abandon(missing)
-        await ctx.flush()
+        # The recorded helpers still queued are written in the commit of the run's end.
         return serde.dumps(result, what=f"result of workflow {workflow.name!r}")
 
     async def _failed_execution(self, exc: Exception) -> None:
@@ -371,10 +372,13 @@ class Runner:
 
     async def _finish(self, status: RunStatus, result: str | None, error: str | None) -> None:
         now = self.engine.clock.now()
+        # The recorded helpers still queued commit with the end: one commit, not two.
+        done = [] if self.ctx is None else self.ctx.unwritten()
 
         async def finish() -> None:
             self.releasing = True
-            await self.engine.store.finish_run(self.lease, status, result, error, now)
+            await self.engine.store.finish_run(self.lease, status, result, error, now,
+                                               checkpoints=done)  # fmt: skip
 
         await retry_store(self.engine, finish, self._read_back(status))
         self.outcome = RunOutcome(status.value)

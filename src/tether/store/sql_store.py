@@ -230,12 +230,16 @@ class SqlStore:
         result: str | None,
         error: str | None,
         now: float,
+        *,
+        checkpoints: Sequence[Checkpoint] = (),
     ) -> None:
         if not RunStatus(status).terminal:
             raise ValueError(f"finish_run needs a terminal status, not {status!r}")
-        ended = RunStatus(status)
-        await self.driver.write(lambda: runs.finish_run(lease, ended, result, error, None, now),
-                                label=f"finish_run:{lease.run_id}")  # fmt: skip
+        ended, done = RunStatus(status), tuple(checkpoints)
+        await self.driver.write(
+            lambda: runs.finish_run(lease, ended, result, error, None, now, done),
+            label=f"finish_run:{lease.run_id}",
+        )
 
     async def fail_execution(
         self, lease: Lease, error: str, failures: int, retry_at: float | None, now: float

@@ -16,9 +16,17 @@ from tether.errors import RunNotFound
 from tether.store.keys import child_key, child_outcome
 from tether.store.ops.approvals import close_approvals
 from tether.store.ops.common import NOTIFY, deliver, fence, lease_lost
-from tether.store.port import Lease, NewRun, QueueLimits, RunRecord, RunStatus, StoreStats
+from tether.store.port import (
+    Checkpoint,
+    Lease,
+    NewRun,
+    QueueLimits,
+    RunRecord,
+    RunStatus,
+    StoreStats,
+)
 from tether.store.query import Conflict, Op, Query, execute, one, select
-from tether.store.rows import page_params, run_from_row
+from tether.store.rows import checkpoint_values, page_params, run_from_row
 from tether.store.rules import duplicate_run, queue_budget, store_stats
 
 
@@ -233,15 +241,26 @@ def finish_run(
     error: str | None,
     failures: int | None,
     now: float,
+    checkpoints: Sequence[Checkpoint] = (),
 ) -> Op[None]:
+    """The run's end, with the `checkpoints` its execution completed last written first."""
     params = {**fence(lease), "status": str(status), "result": result, "error": error,
               "now": now, "failures": failures}  # fmt: skip
+    worker, epoch = lease.worker_id, lease.epoch
+    upserts = tuple(
+        Query("upsert_checkpoint", checkpoint_values(lease.run_id, c, c.result, worker, epoch))
+        for c in checkpoints
+    )
     # A run with no parent and no pending approval ends by its own row: a dialect may do that
     # in one statement (it answers TRUE, having woken the workers if it freed a queue's budget),
-    # else it changes nothing.
-    done = yield Query("finish_alone", params, alone=True)
+    # with the checkpoints in its commit; else it changes nothing but them (fenced: written
+    # only under the lease, which the full end below checks again).
+    done = yield Query("finish_alone", params, alone=True, before=upserts)
     if done and done[0][0] is True:
         return
+    for upsert in upserts:
+        if (yield upsert) != 1:
+            raise (yield from lease_lost(lease))
     row = yield from one("finish_run", **params)
     if row is None:
         raise (yield from lease_lost(lease))

@@ -325,11 +325,15 @@ class CorePort(Protocol):
         result: str | None,
         error: str | None,
         now: float,
+        *,
+        checkpoints: Sequence[Checkpoint] = (),
     ) -> None:
         """Record the run's final status and result or error; releases the lease. A child run
         also delivers the event `child_key(its id)` to its parent, in the same transaction.
         The event's payload is `child_outcome(...)`. The run's pending approvals are cancelled
-        (audit.cancel_on_run_end). Raises LeaseLost if the lease is not held."""
+        (audit.cancel_on_run_end). `checkpoints` (the last ones the execution completed) are
+        written in the same transaction, as write_checkpoint writes them. Raises LeaseLost if
+        the lease is not held."""
 
     async def fail_execution(
         self, lease: Lease, error: str, failures: int, retry_at: float | None, now: float

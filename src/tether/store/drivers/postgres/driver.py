@@ -222,6 +222,8 @@ class PostgresDriver:
         sql = self.queries.sql(query)
         if not sql:
             return []
+        for carried in query.before:
+            await self._execute(conn, tx, carried)
         if query.many:
             async with conn.cursor() as cursor:
                 await cursor.executemany(sql, query.params)
@@ -485,7 +487,10 @@ class PostgresDriver:
             first, _ = prime(op)
             if first is None or not first.alone:
                 return False
-            result = await self._execute(conn, _Tx(), first)
+            if first.before:
+                result = await self._carrying(conn, first)
+            else:
+                result = await self._execute(conn, _Tx(), first)
             try:
                 op.send(result)
             except StopIteration as stop:
@@ -499,6 +504,16 @@ class PostgresDriver:
             return True
         finally:
             op.close()
+
+    async def _carrying(self, conn: Conn, query: Query) -> Any:
+        """An `alone` statement and those it carries, sent together in one pipeline in
+        autocommit: the server runs what precedes a sync as one implicit transaction, so they
+        commit together, in one round trip."""
+        async with conn.pipeline():
+            for carried in query.before:
+                await conn.execute(self.queries.sql(carried), carried.params)
+            cur = await conn.execute(self.queries.sql(query), query.params)
+        return await cur.fetchall()
 
     async def _lockstep(self, conn: Conn, writes: list[_Write], tx: _Tx) -> None:
         """Run single-statement writes side by side: each round sends the next statement of

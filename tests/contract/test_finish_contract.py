@@ -1,0 +1,107 @@
+"""A run's end carrying the checkpoints its execution completed last (finish_run's
+`checkpoints`): written in the end's commit on every path an end takes (PostgreSQL: the one
+statement of a plain run, the transaction of a run with approvals to cancel or a parent to
+tell), and nothing at all under a lease that is no longer held."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from tests.contract.test_approval_contract import approval, created, running
+from tests.contract.test_store_contract import (
+    LEASE,
+    NOW,
+    WF,
+    checkpoint,
+    claim_one,
+    get,
+    lease_of,
+    stored,
+    wait_checkpoint,
+)
+
+from tether.errors import LeaseLost
+from tether.store.keys import child_key
+from tether.store.port import CheckpointStatus, Lease, NewRun, RunStatus, Store
+
+
+async def test_the_checkpoints_an_end_carries_are_written_with_it(store: Store) -> None:
+    lease = await running(store, "r1")
+    first = checkpoint(0, "one", "1")
+    await store.write_checkpoint(lease, first, NOW)
+    last = [checkpoint(1, "two", '{"x": [1, 2]}'), checkpoint(2, "three", None)]
+    await store.finish_run(lease, RunStatus.SUCCEEDED, '"done"', None, NOW + 2, checkpoints=last)
+    assert await store.load_history("r1") == [stored(c, lease) for c in [first, *last]]
+    run = await get(store, "r1")
+    assert (run.status, run.result, run.owner) == (RunStatus.SUCCEEDED, '"done"', None)
+
+
+async def test_a_carried_checkpoint_takes_the_place_of_its_started_marker(store: Store) -> None:
+    lease = await running(store, "r1")
+    marker = dataclasses.replace(checkpoint(0, "pay", None), status=CheckpointStatus.STARTED)
+    await store.write_checkpoint(lease, marker, NOW)
+    done = checkpoint(0, "pay", '"paid"')
+    await store.finish_run(lease, RunStatus.FAILED, None, '{"type": "E"}', NOW + 1,
+                           checkpoints=[done])  # fmt: skip
+    assert await store.load_history("r1") == [stored(done, lease)]
+    assert (await get(store, "r1")).status is RunStatus.FAILED
+
+
+async def test_an_end_that_cancels_approvals_writes_its_checkpoints_too(store: Store) -> None:
+    lease = await running(store, "r1")
+    await created(store, approval("p1", "r1"), NOW + 1)
+    last = checkpoint(0, "one", "5")
+    await store.finish_run(lease, RunStatus.SUCCEEDED, "5", None, NOW + 2, checkpoints=[last])
+    assert await store.load_history("r1") == [stored(last, lease)]
+    pending = await store.get_approval("p1")
+    assert pending is not None
+    assert pending.status == "cancelled"
+    assert (await get(store, "r1")).status is RunStatus.SUCCEEDED
+
+
+async def test_a_childs_end_writes_its_checkpoints_and_tells_its_parent(store: Store) -> None:
+    await store.create_run(NewRun("parent", WF, "{}"), NOW)
+    parent = lease_of(await claim_one(store, "w1"))
+    await store.suspend_run(parent, None, NOW, wake_on=[child_key("kid")])
+    await store.create_run(NewRun("kid", WF, "{}", parent_id="parent"), NOW, owner="w1",
+                           lease_until=NOW + LEASE)  # fmt: skip
+    kid = lease_of(await get(store, "kid"))
+    last = checkpoint(0, "one", "7")
+    await store.finish_run(kid, RunStatus.SUCCEEDED, "7", None, NOW + 1, checkpoints=[last])
+    assert await store.load_history("kid") == [stored(last, kid)]
+    assert (await get(store, "parent")).wake_at == NOW + 1
+    [claimed] = await store.claim_runs("w1", [WF], NOW + 1, NOW + LEASE, 5)
+    taken = await store.take_event(lease_of(claimed), [child_key("kid")], wait_checkpoint(0),
+                                   NOW + 1)  # fmt: skip
+    assert taken is not None
+    assert json.loads(taken)["value"]["result"] == "7"
+
+
+@pytest.mark.parametrize("approvals", [False, True], ids=["plain", "with-approvals"])
+async def test_an_end_under_a_lost_lease_writes_none_of_its_checkpoints(
+    store: Store, approvals: bool
+) -> None:
+    lease = await running(store, "r1")
+    if approvals:
+        await created(store, approval("p1", "r1"), NOW + 1)
+    first = checkpoint(0, "one", "1")
+    await store.write_checkpoint(lease, first, NOW)
+    # The lease runs out and another worker claims the run (epoch 2).
+    [taken] = await store.claim_runs("w2", [WF], NOW + LEASE + 1, NOW + 2 * LEASE, 1)
+    assert taken.epoch == lease.epoch + 1
+    with pytest.raises(LeaseLost):
+        await store.finish_run(lease, RunStatus.SUCCEEDED, "1", None, NOW + LEASE + 2,
+                               checkpoints=[checkpoint(1, "two", "2")])  # fmt: skip
+    assert await store.load_history("r1") == [stored(first, lease)]
+    run = await get(store, "r1")
+    assert (run.status, run.owner, run.epoch) == (RunStatus.RUNNING, "w2", 2)
+    if approvals:
+        kept = await store.get_approval("p1")
+        assert kept is not None
+        assert kept.status == "pending"
+    # The new holder's own end is untouched by the stale one.
+    await store.finish_run(Lease("r1", "w2", 2), RunStatus.SUCCEEDED, "2", None,
+                           NOW + LEASE + 3, checkpoints=[checkpoint(1, "two", "2")])  # fmt: skip
+    assert [c.name for c in await store.load_history("r1")] == ["one", "two"]
