@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
+from typing import Any
 
 import pytest
 from tests.contract.test_approval_contract import approval, created, running
@@ -21,10 +23,13 @@ from tests.contract.test_store_contract import (
     stored,
     wait_checkpoint,
 )
+from tests.postgres_server import with_schema
 
 from tether.errors import LeaseLost
 from tether.store.keys import child_key
 from tether.store.port import CheckpointStatus, Lease, NewRun, RunStatus, Store
+from tether.store.postgres import PostgresStore
+from tether.store.query import Query
 
 
 async def test_the_checkpoints_an_end_carries_are_written_with_it(store: Store) -> None:
@@ -105,3 +110,40 @@ async def test_an_end_under_a_lost_lease_writes_none_of_its_checkpoints(
     await store.finish_run(Lease("r1", "w2", 2), RunStatus.SUCCEEDED, "2", None,
                            NOW + LEASE + 3, checkpoints=[checkpoint(1, "two", "2")])  # fmt: skip
     assert [c.name for c in await store.load_history("r1")] == ["one", "two"]
+
+
+async def test_a_full_end_on_postgresql_goes_on_from_its_one_statement(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """When the one statement answers that the run has more to do (approvals to cancel), the
+    transaction takes the operation up from there: the statement is not run a second time."""
+    store = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
+    await store.open()
+    try:
+        lease = await running(store, "r1")
+        await created(store, approval("p1", "r1"), NOW + 1)
+        names: list[str] = []
+        execute, carrying = store.driver._execute, store.driver._carrying
+
+        async def recorded(conn: Any, tx: Any, query: Query) -> Any:
+            names.append(query.name)
+            return await execute(conn, tx, query)
+
+        async def carried(conn: Any, query: Query) -> Any:
+            names.extend([*(q.name for q in query.before), query.name])
+            return await carrying(conn, query)
+
+        monkeypatch.setattr(store.driver, "_execute", recorded)
+        monkeypatch.setattr(store.driver, "_carrying", carried)
+        last = checkpoint(0, "one", "5")
+        await store.finish_run(lease, RunStatus.SUCCEEDED, "5", None, NOW + 2,
+                               checkpoints=[last])  # fmt: skip
+        assert names.count("finish_alone") == 1
+        assert names.index("finish_run") > names.index("finish_alone")
+        assert names.count("upsert_checkpoint") == 2  # with the statement, then repeated
+        assert await store.load_history("r1") == [stored(last, lease)]
+        cancelled = await store.get_approval("p1")
+        assert cancelled is not None
+        assert cancelled.status == "cancelled"
+    finally:
+        await store.close()

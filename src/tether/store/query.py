@@ -105,14 +105,19 @@ def drive(op: Generator[Q, Any, T], run: Callable[[Q], Any], first: Q | None = N
 
 
 async def adrive(
-    op: Generator[Q, Any, T], run: Callable[[Q], Awaitable[Any]], *, threads: bool = False
+    op: Generator[Q, Any, T],
+    run: Callable[[Q], Awaitable[Any]],
+    *,
+    threads: bool = False,
+    first: Q | None = None,
 ) -> T:
     """`drive` for a database with an async driver. With `threads`, the operation's own work
     between queries (encoding and decoding large values) runs in a thread, so it never stalls
-    the loop; without, on the loop (the store's operations, whose values come encoded)."""
+    the loop; without, on the loop (the store's operations, whose values come encoded), and
+    `first` is the query a caller already took from it."""
     if not threads:
         try:
-            query = next(op)
+            query = next(op) if first is None else first
             while True:
                 try:
                     result = await run(query)
@@ -124,6 +129,7 @@ async def adrive(
             return stop.value  # type: ignore[no-any-return]
         finally:
             op.close()
+    assert first is None, "an operation driven in threads starts there"
     try:
         done, step = await asyncio.to_thread(_advance, op, None, True)
         while not done:

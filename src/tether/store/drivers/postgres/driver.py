@@ -63,6 +63,7 @@ class _Tx:
 
 
 _ALONE = object()  # in a lockstep round: a statement not sent in the pipeline
+_Primed = tuple[Op[Any], Query]  # an operation taken up to the query it yields next
 
 
 class _Undo(Exception):
@@ -242,10 +243,16 @@ class PostgresDriver:
                 await tx.pipeline.sync()
         return cur.rowcount if cur.description is None else await cur.fetchall()
 
-    async def _drive(self, conn: Conn, make: Callable[[], Op[T]], tx: _Tx) -> T:
+    async def _drive(
+        self, conn: Conn, make: Callable[[], Op[T]], tx: _Tx, primed: _Primed | None = None
+    ) -> T:
+        """Run the operation `make` gives (or the one `primed` holds, from its next query)."""
+
         async def run(query: Query) -> Any:
             return await self._execute(conn, tx, query)
 
+        if primed is not None:
+            return await adrive(primed[0], run, first=primed[1])
         return await adrive(make(), run)
 
     # -- reads ------------------------------------------------------------------------------
@@ -454,8 +461,11 @@ class PostgresDriver:
                 if tx.notify:
                     await conn.execute(f"NOTIFY {CHANNEL}")
                 return
-            if await self._alone_first(conn, write):
+            primed = await self._alone_first(conn, write)
+            if primed is None:
                 return
+        else:
+            primed = None
         shared = len(batch) > 1
         try:
             async with conn.pipeline() as pipeline:
@@ -468,7 +478,7 @@ class PostgresDriver:
                         await self._lockstep(conn, singles, tx)
                     for write in batch:
                         if write.multi:
-                            await self._one(conn, write, tx, savepoint=shared)
+                            await self._one(conn, write, tx, savepoint=shared, primed=primed)
                     if tx.notify:
                         await conn.execute(f"NOTIFY {CHANNEL}")
                     for write in batch:
@@ -478,32 +488,40 @@ class PostgresDriver:
         for write in batch:
             faults.hit("store.after_commit", write.label)
 
-    async def _alone_first(self, conn: Conn, write: _Write) -> bool:
+    async def _alone_first(self, conn: Conn, write: _Write) -> _Primed | None:
         """Settle a write whose operation opens with an `alone` statement by that statement in
-        autocommit, when it is all the operation needs (True). Otherwise that statement has
-        changed nothing, and the operation runs whole in a transaction (False)."""
+        autocommit, when it is all the operation needs (None). Otherwise the operation goes on
+        in a transaction from the query it yields next (returned with it): its first one, or
+        the one after an `alone` statement that changed nothing but what it repeats."""
         op = write.make()
+        settled = True
         try:
-            first, _ = prime(op)
-            if first is None or not first.alone:
-                return False
+            first, value = prime(op)
+            if first is None:
+                write.outcome = (True, value)
+                return None
+            if not first.alone:
+                settled = False
+                return op, first
             if first.before:
                 result = await self._carrying(conn, first)
             else:
                 result = await self._execute(conn, _Tx(), first)
             try:
-                op.send(result)
+                after = op.send(result)
             except StopIteration as stop:
                 write.outcome = (True, stop.value)
-                return True
-            return False
+                return None
+            settled = False
+            return op, after
         except psycopg.Error:
             raise
         except Exception as exc:
             write.outcome = (False, exc)
-            return True
+            return None
         finally:
-            op.close()
+            if settled:
+                op.close()
 
     async def _carrying(self, conn: Conn, query: Query) -> Any:
         """An `alone` statement and those it carries, sent together in one pipeline in
@@ -574,16 +592,18 @@ class PostgresDriver:
             return ""
         return self.queries.sql(query)
 
-    async def _one(self, conn: Conn, write: _Write, tx: _Tx, *, savepoint: bool) -> None:
+    async def _one(
+        self, conn: Conn, write: _Write, tx: _Tx, *, savepoint: bool, primed: _Primed | None = None
+    ) -> None:
         """One write of a transaction. An error of the operation's own (a lost lease) is its
         outcome, and its statements are undone; a database error propagates and fails the
         whole transaction."""
         try:
             if savepoint:
                 async with conn.transaction():
-                    write.outcome = (True, await self._drive(conn, write.make, tx))
+                    write.outcome = (True, await self._drive(conn, write.make, tx, primed))
             else:
-                write.outcome = (True, await self._drive(conn, write.make, tx))
+                write.outcome = (True, await self._drive(conn, write.make, tx, primed))
         except psycopg.Error:
             raise
         except Exception as exc:
