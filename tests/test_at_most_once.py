@@ -10,10 +10,12 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 import tether
+from tether.store.port import CheckpointStatus
 
 MakeApp = Callable[..., tether.App]
 SHORT = timedelta(seconds=0.3)
@@ -211,3 +213,104 @@ async def test_a_graceful_shutdown_lets_a_sync_at_most_once_body_finish(
         assert await (await second.get("g")).result(timeout=10) == "published"
     assert len(effects) == 1
     assert lookup.asked == []  # type: ignore[attr-defined]  # recorded: no doubt at all
+
+
+def slow_first_marker(app: tether.App, delay: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first start marker commits at once, but its write answers `delay` seconds late."""
+    store = app.engine.store
+    write = store.write_checkpoint
+    slow = [True]
+
+    async def late(lease: Any, checkpoint: Any, now: float) -> None:
+        await write(lease, checkpoint, now)
+        if checkpoint.status is CheckpointStatus.STARTED and slow[0]:
+            slow[0] = False
+            await asyncio.sleep(delay)
+
+    monkeypatch.setattr(store, "write_checkpoint", late)
+
+
+@pytest.mark.parametrize("with_hook", [True, False], ids=["hook", "no-hook"])
+async def test_an_attempt_whose_marker_took_its_whole_timeout_is_judged_by_its_retry(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch, with_hook: bool
+) -> None:
+    """Its body never began, so no effect can have happened: it is not in doubt (no hook is
+    asked, no StepOutcomeUnknown), and the step's Retry runs the next attempt."""
+    app = make_app()
+    slow_first_marker(app, SHORT.total_seconds() + 0.1, monkeypatch)
+    effects, lookup = receiver()
+
+    @app.step(at_most_once=True, timeout=SHORT, reconcile=lookup if with_hook else None,
+              retry=tether.Retry(max_attempts=2, initial_delay=timedelta(0)))  # fmt: skip
+    async def charge() -> str:
+        effects.append(tether.idempotency_key())
+        return "sent"
+
+    @app.workflow()
+    async def pay() -> str:
+        return await charge()
+
+    async with app:
+        assert await (await app.start(pay, id="p")).result(timeout=10) == "sent"
+        history = await app.engine.store.load_history("p")
+    assert len(effects) == 1  # the second attempt's: the first never ran
+    assert lookup.asked == []  # type: ignore[attr-defined]
+    assert [(c.status, c.attempts) for c in history] == [(CheckpointStatus.COMPLETED, 2)]
+
+
+async def test_an_attempt_that_never_began_fails_the_step_as_a_timeout(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = make_app()
+    slow_first_marker(app, SHORT.total_seconds() + 0.1, monkeypatch)
+    effects: list[str] = []
+
+    @app.step(at_most_once=True, timeout=SHORT, retry=tether.Retry(max_attempts=1))
+    async def charge() -> str:
+        effects.append(tether.idempotency_key())
+        return "sent"
+
+    @app.workflow()
+    async def pay() -> str:
+        return await charge()
+
+    async with app:
+        with pytest.raises(tether.RunFailed) as failed:
+            await (await app.start(pay, id="p")).result(timeout=10)
+    error = failed.value.error or {}
+    assert error.get("type") == "tether.errors.StepTimeout"
+    assert "had no time left to start its body" in str(error.get("message"))
+    assert effects == []
+
+
+async def test_a_body_stalled_past_its_deadline_before_it_began_never_begins(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process stalled between the marker and the body's first step (the deadline is
+    found passed at once): the body never runs, no hook is asked, and the Retry judges it."""
+    from tether.core import doubt
+
+    late, calls = doubt.Bounded.late, [0]
+
+    def stalled_once(self: doubt.Bounded) -> bool:
+        calls[0] += 1
+        return True if calls[0] == 1 else late(self)
+
+    monkeypatch.setattr(doubt.Bounded, "late", stalled_once)
+    app = make_app()
+    effects, lookup = receiver()
+
+    @app.step(at_most_once=True, timeout=SHORT, reconcile=lookup,
+              retry=tether.Retry(max_attempts=2, initial_delay=timedelta(0)))  # fmt: skip
+    async def charge() -> str:
+        effects.append(tether.idempotency_key())
+        return "sent"
+
+    @app.workflow()
+    async def pay() -> str:
+        return await charge()
+
+    async with app:
+        assert await (await app.start(pay, id="p")).result(timeout=10) == "sent"
+    assert len(effects) == 1
+    assert lookup.asked == []  # type: ignore[attr-defined]

@@ -49,8 +49,25 @@ NOT_DONE = _NotDone()
 
 
 def in_doubt(step: Attempted, error: BaseException) -> bool:
-    """Whether an attempt that raised `error` may have had its effect all the same."""
+    """Whether an attempt that raised `error` may have had its effect all the same: not one
+    whose body never began (unstarted)."""
+    if isinstance(error, StepTimeout) and not error.started:
+        return False
     return isinstance(error, (StepTimeout, *step.in_doubt))
+
+
+def unstarted(name: str) -> StepTimeout:
+    """The timeout of an at-most-once attempt whose body never began, its deadline passed
+    before it could (its start marker took that long to write, or the process stalled): a
+    failed attempt like any other, which the step's Retry judges."""
+    error = StepTimeout(
+        f"at-most-once step {name!r} had no time left to start its body: its timeout passed "
+        f"while its start marker was written (or the process stalled); the attempt failed "
+        f"without running, and the step's retry policy decides (raise timeout= if the "
+        f"database is often this slow)"
+    )
+    error.started = False
+    return error
 
 
 async def settle_marker(
@@ -240,8 +257,9 @@ class Bounded:
         body = self.body
         value: Any = None
         error: BaseException | None = None
-        if self.late():  # stalled before it began
-            error = TimeoutError(f"at-most-once step {self.name!r} is past its deadline")
+        if self.late():  # stalled before it began: it never does
+            body.close()
+            raise unstarted(self.name)
         while True:
             try:
                 yielded = body.send(value) if error is None else body.throw(error)

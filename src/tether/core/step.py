@@ -30,6 +30,7 @@ from tether.core.doubt import (
     reconcile,
     settle_marker,
     unsettled,
+    unstarted,
 )
 from tether.core.execution import Busy, RunContext, Slot, arguments
 from tether.core.observe import StepOutcome
@@ -493,7 +494,7 @@ async def _run_body(
     key = (step_ctx.run_id, step_ctx.name)
     if limit is not None and limit <= 0:  # its marker took all its time: it never starts
         landed(key, None)
-        raise TimeoutError(f"step {step_ctx.name!r} had no time left to start")
+        raise unstarted(step_ctx.name)
     if step.is_async:
         token = _STEP.set(step_ctx)
         try:
