@@ -1,6 +1,6 @@
-"""Recorded helpers (`now`, `uuid4`) still queued when a run ends are written in the commit of
-its end (one commit, not two), on every backend and under forced replay; a run that fails
-keeps them too, so resuming it replays the values its failed execution saw."""
+"""Recorded helpers (`now`, `uuid4`) still queued when a run succeeds are written in the commit
+of its end (one commit, not two), on every backend and under forced replay; those queued on a
+failure path are not kept, so `app.resume` may take another path."""
 
 from __future__ import annotations
 
@@ -55,28 +55,38 @@ async def test_helpers_recorded_after_the_last_step_commit_with_the_runs_end(
     assert result["id"] in (history[2].result or "")
 
 
-async def test_a_failed_run_keeps_its_helpers_and_its_resume_replays_them(
-    make_app: MakeApp,
-) -> None:
+async def test_a_failed_runs_queued_helpers_do_not_bind_its_resume(make_app: MakeApp) -> None:
+    """Helpers queued on a failure path are not kept when the run fails: `app.resume` retries
+    the failed step, and the path it takes then records its own helpers where the failure
+    path's would have been (kept, they would hold the run as diverged)."""
     app = make_app()
-    seen: list[str] = []
     fail = [True]
+
+    @app.step(retry=tether.Retry(max_attempts=1))
+    async def ship() -> str:
+        if fail[0]:
+            raise ValueError("the carrier refused")
+        return "shipped"
 
     @app.workflow()
     async def flow() -> str:
-        ticket = str(tether.uuid4())
-        seen.append(ticket)
-        if fail[0]:
-            raise ValueError("the ledger refused")
-        return ticket
+        try:
+            done = await ship()
+        except ValueError:
+            tether.now()  # when it failed, for the error path's own use
+            raise
+        return f"{done} as {tether.uuid4()}"
 
     async with app:
         with pytest.raises(tether.RunFailed):
             await (await app.start(flow, id="r1")).result()
         history = await app.engine.store.load_history("r1")
-        assert [(c.name, c.status) for c in history] == [("uuid4", CheckpointStatus.COMPLETED)]
+        assert [(c.name, c.status) for c in history] == [("ship", CheckpointStatus.FAILED)]
         fail[0] = False
         await app.resume("r1")
-        result = await (await app.get("r1")).result()
-    assert result == seen[0]
-    assert set(seen) == {seen[0]}
+        result = await (await app.get("r1")).result(timeout=10)
+        history = await app.engine.store.load_history("r1")
+    assert result.startswith("shipped as ")
+    assert [(c.name, c.status) for c in history] == [
+        ("ship", CheckpointStatus.COMPLETED), ("uuid4", CheckpointStatus.COMPLETED)
+    ]  # fmt: skip

@@ -122,10 +122,6 @@ class NonDeterminismError(TetherError):
 class StepTimeout(TetherError):
     """A step attempt ran past its timeout; raise the timeout or make the step faster."""
 
-    # False when the attempt's body never began: an at-most-once attempt whose start marker
-    # took its whole timeout to write. No effect can have happened, so it is not in doubt.
-    started: bool = True
-
 
 class WorkflowTimeout(TetherError):
     """The run went past its workflow's timeout and was failed; raise the timeout if needed."""

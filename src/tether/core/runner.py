@@ -372,8 +372,12 @@ class Runner:
 
     async def _finish(self, status: RunStatus, result: str | None, error: str | None) -> None:
         now = self.engine.clock.now()
-        # The recorded helpers still queued commit with the end: one commit, not two.
+        # A run that succeeded writes its recorded helpers still queued in the commit of its
+        # end. Those of a run that failed came on its failure path, which `app.resume` may not
+        # take again: kept, they would be asked for where the resumed code asks for others.
         done = [] if self.ctx is None else self.ctx.unwritten()
+        if status is not RunStatus.SUCCEEDED:
+            done = []
 
         async def finish() -> None:
             self.releasing = True

@@ -588,7 +588,7 @@ class PostgresDriver:
 
     def _pipelined(self, query: Query) -> str:
         """The query's SQL if it may share the pipeline, else ""."""
-        if query.guard or query.many or query.name == "notify":
+        if query.guard or query.many or query.before or query.name == "notify":
             return ""
         return self.queries.sql(query)
 
