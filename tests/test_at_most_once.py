@@ -230,18 +230,12 @@ def slow_first_marker(app: tether.App, delay: float, monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(store, "write_checkpoint", late)
 
 
-@pytest.mark.parametrize("with_hook", [True, False], ids=["hook", "no-hook"])
-async def test_an_attempt_whose_marker_took_its_whole_timeout_is_judged_by_its_retry(
-    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch, with_hook: bool
-) -> None:
-    """Its body never began, so no effect can have happened: it is not in doubt (no hook is
-    asked, no StepOutcomeUnknown), and the step's Retry runs the next attempt."""
-    app = make_app()
-    slow_first_marker(app, SHORT.total_seconds() + 0.1, monkeypatch)
-    effects, lookup = receiver()
+def charging(app: tether.App, **step: Any) -> tuple[tether.Workflow[[], str], list[str]]:
+    """A workflow `pay` of one at-most-once step (timeout SHORT, and `step`'s options) whose
+    effects are kept by idempotency key."""
+    effects: list[str] = []
 
-    @app.step(at_most_once=True, timeout=SHORT, reconcile=lookup if with_hook else None,
-              retry=tether.Retry(max_attempts=2, initial_delay=timedelta(0)))  # fmt: skip
+    @app.step(at_most_once=True, timeout=SHORT, **step)
     async def charge() -> str:
         effects.append(tether.idempotency_key())
         return "sent"
@@ -250,6 +244,22 @@ async def test_an_attempt_whose_marker_took_its_whole_timeout_is_judged_by_its_r
     async def pay() -> str:
         return await charge()
 
+    return pay, effects
+
+
+ONE_RETRY = tether.Retry(max_attempts=2, initial_delay=timedelta(0))
+
+
+@pytest.mark.parametrize("with_hook", [True, False], ids=["hook", "no-hook"])
+async def test_an_attempt_whose_marker_took_its_whole_timeout_is_judged_by_its_retry(
+    make_app: MakeApp, monkeypatch: pytest.MonkeyPatch, with_hook: bool
+) -> None:
+    """Its body never began, so no effect can have happened: it is not in doubt (no hook is
+    asked, no StepOutcomeUnknown), and the step's Retry runs the next attempt."""
+    app = make_app()
+    slow_first_marker(app, SHORT.total_seconds() + 0.1, monkeypatch)
+    _, lookup = receiver()
+    pay, effects = charging(app, reconcile=lookup if with_hook else None, retry=ONE_RETRY)
     async with app:
         assert await (await app.start(pay, id="p")).result(timeout=10) == "sent"
         history = await app.engine.store.load_history("p")
@@ -263,17 +273,7 @@ async def test_an_attempt_that_never_began_fails_the_step_as_a_timeout(
 ) -> None:
     app = make_app()
     slow_first_marker(app, SHORT.total_seconds() + 0.1, monkeypatch)
-    effects: list[str] = []
-
-    @app.step(at_most_once=True, timeout=SHORT, retry=tether.Retry(max_attempts=1))
-    async def charge() -> str:
-        effects.append(tether.idempotency_key())
-        return "sent"
-
-    @app.workflow()
-    async def pay() -> str:
-        return await charge()
-
+    pay, effects = charging(app, retry=tether.Retry(max_attempts=1))
     async with app:
         with pytest.raises(tether.RunFailed) as failed:
             await (await app.start(pay, id="p")).result(timeout=10)
@@ -298,18 +298,8 @@ async def test_a_body_stalled_past_its_deadline_before_it_began_never_begins(
 
     monkeypatch.setattr(doubt.Bounded, "late", stalled_once)
     app = make_app()
-    effects, lookup = receiver()
-
-    @app.step(at_most_once=True, timeout=SHORT, reconcile=lookup,
-              retry=tether.Retry(max_attempts=2, initial_delay=timedelta(0)))  # fmt: skip
-    async def charge() -> str:
-        effects.append(tether.idempotency_key())
-        return "sent"
-
-    @app.workflow()
-    async def pay() -> str:
-        return await charge()
-
+    _, lookup = receiver()
+    pay, effects = charging(app, reconcile=lookup, retry=ONE_RETRY)
     async with app:
         assert await (await app.start(pay, id="p")).result(timeout=10) == "sent"
     assert len(effects) == 1
