@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import sqlite3
@@ -178,7 +179,7 @@ def main() -> None:
     scale = 0.25 if args.quick else 1.0
     with tempfile.TemporaryDirectory(prefix="tether-bench-", dir=ROOT / "bench") as tmp:
         folder = Path(tmp)
-        rounds = iter(range(1000))
+        rounds = itertools.count()
 
         def one_raw() -> float:
             sub = folder / f"raw{next(rounds)}"

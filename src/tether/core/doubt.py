@@ -48,13 +48,13 @@ class _NotDone:
 NOT_DONE = _NotDone()
 
 
-UNSTARTED = "_tether_unstarted"  # the attribute that marks unstarted()'s errors
+_UNSTARTED = "_tether_unstarted"  # the attribute that marks unstarted()'s errors
 
 
 def in_doubt(step: Attempted, error: BaseException) -> bool:
     """Whether an attempt that raised `error` may have had its effect all the same: not one
     whose body never began (unstarted)."""
-    if getattr(error, UNSTARTED, False):
+    if getattr(error, _UNSTARTED, False):
         return False
     return isinstance(error, (StepTimeout, *step.in_doubt))
 
@@ -69,7 +69,7 @@ def unstarted(name: str) -> StepTimeout:
         f"without running, and the step's retry policy decides (raise timeout= if the "
         f"database is often this slow)"
     )
-    setattr(error, UNSTARTED, True)  # read at the attempt only: a replay raises it as stored
+    setattr(error, _UNSTARTED, True)  # read at the attempt only: a replay raises it as stored
     return error
 
 

@@ -161,7 +161,6 @@ class Runner:
                 await self._finish(RunStatus.SUCCEEDED, result, None)
                 return
             if isinstance(failure, ReplayNow):
-                ctx.unwritten()  # recorded anew by the replay
                 history = await engine.store.load_history(record.id)
                 continue
             await self._conclude(ctx, failure)
@@ -375,9 +374,8 @@ class Runner:
         # A run that succeeded writes its recorded helpers still queued in the commit of its
         # end. Those of a run that failed came on its failure path, which `app.resume` may not
         # take again: kept, they would be asked for where the resumed code asks for others.
-        done = [] if self.ctx is None else self.ctx.unwritten()
-        if status is not RunStatus.SUCCEEDED:
-            done = []
+        ctx = self.ctx
+        done = ctx.unwritten() if ctx is not None and status is RunStatus.SUCCEEDED else []
 
         async def finish() -> None:
             self.releasing = True

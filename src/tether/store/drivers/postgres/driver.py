@@ -445,6 +445,7 @@ class PostgresDriver:
             write.outcome = (False, exc)
 
     async def _transaction(self, conn: Conn, batch: list[_Write]) -> None:
+        primed: _Primed | None = None  # a lone write's operation, taken up to its next query
         if len(batch) == 1 and not faults.ENABLED:
             # One write: autocommit makes a single statement its own transaction, which saves
             # the BEGIN and COMMIT round trips. (With fault sites enabled the explicit path
@@ -464,8 +465,6 @@ class PostgresDriver:
             primed = await self._alone_first(conn, write)
             if primed is None:
                 return
-        else:
-            primed = None
         shared = len(batch) > 1
         try:
             async with conn.pipeline() as pipeline:
