@@ -110,7 +110,6 @@ LAYERS: list[tuple[str, ...]] = [
         "tether.errors",
         "tether.clock",
         "tether.faults",
-        "tether.serde_errors",
         "tether.serde",
         "tether.redact",
         "tether.webhooks",

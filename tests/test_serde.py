@@ -270,10 +270,75 @@ def test_unsupported_type_gives_serialization_error_naming_the_type_and_path() -
         SERDE.dumps({"a": [1, Opaque()]}, what="result of step 'x'")
 
 
+class Celsius(float):
+    pass
+
+
+@dataclass
+class Reading:
+    value: float
+
+
 @pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf")])
-def test_nan_and_infinity_are_refused(number: float) -> None:
-    with pytest.raises(SerializationError, match="JSON"):
-        SERDE.dumps({"x": [number]})
+@pytest.mark.parametrize(
+    ("place", "path"),
+    [
+        (lambda n: n, ""),
+        (lambda n: {"x": [n]}, r" at \$\.x\[0\]"),
+        (lambda n: (1, n), r" at \$\[1\]"),
+        (lambda n: {n}, ""),
+        (lambda n: [Reading(n)], r" at \$\[0\]\.value"),
+        (lambda n: {"t": Celsius(n)}, r" at \$\.t"),
+    ],
+    ids=["alone", "in-a-list", "in-a-tuple", "in-a-set", "in-a-dataclass", "a-float-subclass"],
+)
+def test_nan_and_infinity_are_refused_wherever_they_sit(
+    number: float, place: Any, path: str
+) -> None:
+    # The stored text's encoder would write them as null: the walk before it must refuse them.
+    with pytest.raises(SerializationError, match=rf"cannot store value{path}: .*store None"):
+        SERDE.dumps(place(number))
+
+
+def test_the_stored_text_of_every_character_is_the_standard_librarys() -> None:
+    chars = [chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF]
+    text = "".join(chars)
+    assert SERDE.dumps(text) == json.dumps(text, ensure_ascii=False)
+    some = {"k": chars[:600], "".join(chars[:40]): "v"}
+    assert SERDE.dumps(some) == json.dumps(some, ensure_ascii=False, separators=(",", ":"))
+
+
+no_dollar_keys = st.text(max_size=6).filter(lambda k: not k.startswith("$"))
+json_values_without_floats = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(no_dollar_keys, kids, max_size=4),
+    max_leaves=15,
+)
+
+
+@FAST
+@given(json_values_without_floats)
+def test_stored_text_without_floats_is_the_standard_librarys(value: object) -> None:
+    # Stored text must read the same whichever encoder wrote it (a float's exponent aside).
+    standard = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    assert SERDE.dumps(value) == standard
+
+
+@FAST
+@given(finite_floats)
+def test_a_stored_float_reads_back_as_the_same_float(number: float) -> None:
+    assert json.loads(SERDE.dumps([number])) == [number]
+    assert float(SERDE.dumps(Celsius(number))) == number
+
+
+def test_ints_over_64_bits_and_deep_nesting_are_stored_too() -> None:
+    # Past what orjson writes: the standard library writes them.
+    big = {"n": 2**64, "m": [-(2**200), 1.5]}
+    assert SERDE.loads(SERDE.dumps(big)) == big
+    deep: list[object] = []
+    for _ in range(300):
+        deep = [deep]
+    assert SERDE.loads(SERDE.dumps(deep)) == deep
 
 
 def test_non_str_dict_key_is_refused() -> None:

@@ -31,7 +31,7 @@ every module): cli -> server -> integrations -> app, sync, testing, views, users
 models -> approvals, streams, telemetry, outbox, schedules, values, forks, retention -> core
 (the engine) -> store (the Store port, its operations written once as named queries, run by
 the SQLite or the PostgreSQL driver; the backend is chosen by URL at run time, never imported
-by core) -> serde, serde_errors, clock, errors, faults, redact, webhooks, text.
+by core) -> serde, clock, errors, faults, redact, webhooks, text.
 """
 
 from __future__ import annotations
