@@ -123,7 +123,8 @@ async def test_a_full_end_on_postgresql_goes_on_from_its_one_statement(
         lease = await running(store, "r1")
         await created(store, approval("p1", "r1"), NOW + 1)
         names: list[str] = []
-        execute, carrying = store.driver._execute, store.driver._carrying
+        statements, commits = store.driver.statements, store.driver.commits
+        execute, carrying = statements.execute, commits._carrying
 
         async def recorded(conn: Any, tx: Any, query: Query) -> Any:
             names.append(query.name)
@@ -133,8 +134,8 @@ async def test_a_full_end_on_postgresql_goes_on_from_its_one_statement(
             names.extend([*(q.name for q in query.before), query.name])
             return await carrying(conn, query)
 
-        monkeypatch.setattr(store.driver, "_execute", recorded)
-        monkeypatch.setattr(store.driver, "_carrying", carried)
+        monkeypatch.setattr(statements, "execute", recorded)
+        monkeypatch.setattr(commits, "_carrying", carried)
         last = checkpoint(0, "one", "5")
         await store.finish_run(lease, RunStatus.SUCCEEDED, "5", None, NOW + 2,
                                checkpoints=[last])  # fmt: skip

@@ -1,12 +1,6 @@
-"""The PostgreSQL driver: a pool of psycopg 3 connections, the group commit, LISTEN/NOTIFY.
-
-Writes (operations of tether.store.ops) queue; a committer takes every write queued so far and
-commits them in one transaction, each fenced by its own statements (one run's lost lease never
-fails another's write: that operation alone is undone, by a savepoint when it has several
-statements), so many runs share one commit and one WAL flush. A write alone with one statement
-runs in autocommit: one round trip; so does an operation whose first statement may do it all
-(`alone`: a run's end) when that statement did. Reads run on pooled connections, never queued.
-It knows nothing of runs.
+"""The PostgreSQL driver: a pool of psycopg 3 connections, migrations, LISTEN/NOTIFY, reads,
+writes alone in their transaction (a transaction step's body, retention's batches), and the
+group commit (commit.py) for every other write. It knows nothing of runs.
 """
 
 from __future__ import annotations
@@ -15,8 +9,8 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from contextlib import AbstractAsyncContextManager
+from typing import TypeVar
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -26,48 +20,16 @@ from tether.errors import StoreUnavailable
 from tether.redact import redact_text
 from tether.store.drivers.postgres import maintenance
 from tether.store.drivers.postgres.body import BodyFailed, call_body
+from tether.store.drivers.postgres.commit import GroupCommit
 from tether.store.drivers.postgres.options import postgres_options
+from tether.store.drivers.postgres.statements import CHANNEL, Conn, Statements, Tx
 from tether.store.port.maintenance import StorageSizes, WalState
 from tether.store.port.outbox import TransactionBody, TransactionOutcome
-from tether.store.query import Conflict, Op, Queries, Query, adrive, check_schema, prime
+from tether.store.query import Op, Queries, check_schema
 from tether.store.tables import RUN_TABLES
 
 T = TypeVar("T")
-Conn = psycopg.AsyncConnection[Any]
 log = logging.getLogger("tether.store")
-
-CHANNEL = "tether"  # NOTIFY channel: something became due
-COMMITTERS = 2  # transactions of queued writes in flight at once
-MAX_BATCH = 256  # writes in one transaction
-RETRIES = 3  # a batch that met a deadlock or a serialization failure is run again
-_RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
-
-
-@dataclass(slots=True, eq=False)
-class _Write:
-    make: Callable[[], Op[Any]]
-    label: str
-    multi: bool  # several statements: a savepoint keeps it whole within a shared transaction
-    future: asyncio.Future[Any]
-    outcome: tuple[bool, Any] = (False, None)
-
-
-@dataclass(slots=True)
-class _Tx:
-    """What one transaction's statements share: whether some operation asked to NOTIFY, and
-    the pipeline its statements are queued on (each result read forces one round trip, which
-    also carries what was queued before: BEGIN with the first statement, NOTIFY with COMMIT)."""
-
-    notify: bool = False
-    pipeline: psycopg.AsyncPipeline | None = None
-
-
-_ALONE = object()  # in a lockstep round: a statement not sent in the pipeline
-_Primed = tuple[Op[Any], Query]  # an operation taken up to the query it yields next
-
-
-class _Undo(Exception):
-    """An operation alone in its transaction failed: leave the transaction (rolled back)."""
 
 
 class PostgresDriver:
@@ -99,9 +61,8 @@ class PostgresDriver:
         self._listening: asyncio.Task[None] | None = None
         self._changed = False
         self._own: set[int] = set()  # backend pids of the pool's connections
-        self._queued: list[_Write] = []
-        self._committers = 0
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.statements = Statements(queries)
+        self.commits = GroupCommit(self.statements, self._connection)
 
     # -- connections ------------------------------------------------------------------------
 
@@ -195,8 +156,7 @@ class PostgresDriver:
                     )
 
     async def close(self) -> None:
-        while self._tasks:  # queued writes commit first
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.commits.drain()  # queued writes commit first
         pool, self.pool = self.pool, None
         if self._listening is not None:
             with contextlib.suppress(Exception):
@@ -214,47 +174,6 @@ class PostgresDriver:
         changed, self._changed = self._changed, False
         return changed
 
-    # -- statements -------------------------------------------------------------------------
-
-    async def _execute(self, conn: Conn, tx: _Tx, query: Query) -> Any:
-        if query.name == "notify":  # once per transaction, at its end
-            tx.notify = True
-            return []
-        sql = self.queries.sql(query)
-        if not sql:
-            return []
-        for carried in query.before:
-            await self._execute(conn, tx, carried)
-        if query.many:
-            async with conn.cursor() as cursor:
-                await cursor.executemany(sql, query.params)
-            return None
-        if query.guard:
-            try:
-                async with conn.transaction():  # a savepoint: the error leaves the rest usable
-                    cur = await conn.execute(sql, query.params)
-                    if tx.pipeline is not None:
-                        await tx.pipeline.sync()
-            except psycopg.errors.UniqueViolation as exc:
-                raise Conflict(str(exc)) from exc
-        else:
-            cur = await conn.execute(sql, query.params)
-            if tx.pipeline is not None:
-                await tx.pipeline.sync()
-        return cur.rowcount if cur.description is None else await cur.fetchall()
-
-    async def _drive(
-        self, conn: Conn, make: Callable[[], Op[T]], tx: _Tx, primed: _Primed | None = None
-    ) -> T:
-        """Run the operation `make` gives (or the one `primed` holds, from its next query)."""
-
-        async def run(query: Query) -> Any:
-            return await self._execute(conn, tx, query)
-
-        if primed is not None:
-            return await adrive(primed[0], run, first=primed[1])
-        return await adrive(make(), run)
-
     # -- reads ------------------------------------------------------------------------------
 
     async def read(self, make: Callable[[], Op[T]], *, multi: bool = False) -> T:
@@ -267,9 +186,9 @@ class PostgresDriver:
             try:
                 async with self.pool.connection() as conn:
                     if not multi:
-                        return await self._drive(conn, make, _Tx())
+                        return await self.statements.drive(conn, make, Tx())
                     async with conn.transaction():
-                        return await self._drive(conn, make, _Tx())
+                        return await self.statements.drive(conn, make, Tx())
             except psycopg.OperationalError as exc:
                 if attempt == 3:
                     raise StoreUnavailable(f"PostgreSQL operation failed: {exc}") from exc
@@ -311,10 +230,10 @@ class PostgresDriver:
         so it never holds up the group commit."""
 
         async def fn(conn: Conn) -> T:
-            tx = _Tx()
-            result = await self._drive(conn, make, tx)
+            tx = Tx()
+            result = await self.statements.drive(conn, make, tx)
             if tx.notify:
-                await conn.execute(f"NOTIFY {CHANNEL}")
+                await self.statements.notify(conn)
             return result
 
         return await self.alone(fn, write=write, label=label)
@@ -333,9 +252,9 @@ class PostgresDriver:
         loop = asyncio.get_running_loop()
 
         async def fn(conn: Conn) -> T:
-            await self._drive(conn, check, _Tx())
+            await self.statements.drive(conn, check, Tx())
             outcome = await call_body(conn, body, loop)
-            return await self._drive(conn, lambda: after(outcome), _Tx())
+            return await self.statements.drive(conn, lambda: after(outcome), Tx())
 
         try:
             return await self.alone(fn, label=label)
@@ -364,248 +283,9 @@ class PostgresDriver:
         (the engine resolves that by reading back)."""
         if self.pool is None:
             raise self._closed()
-        loop = asyncio.get_running_loop()
-        write = _Write(make, label, multi, loop.create_future())
-        if not multi and not self._committers and not self._queued:
-            # Nobody is committing: a single statement commits at once, in the caller's task
-            # (no hop to a committer); writes that come meanwhile queue for a committer.
-            self._committers += 1
-            try:
-                await self._commit([write])
-            finally:
-                self._committers -= 1
-                if self._queued:
-                    self._start(loop)
-            ok, value = write.outcome
-            if ok:
-                return value  # type: ignore[no-any-return]
-            raise value
-        self._queued.append(write)
-        if self._committers < COMMITTERS:
-            self._start(loop)
-        return await write.future  # type: ignore[no-any-return]
+        return await self.commits.write(make, label=label, multi=multi)
 
-    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._committers += 1
-        task = loop.create_task(self._committer())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _committer(self) -> None:
-        try:
-            while self._queued:
-                batch = self._queued[:MAX_BATCH]
-                del self._queued[:MAX_BATCH]
-                await self._commit(batch)
-                for write in batch:
-                    if not write.future.done():
-                        ok, value = write.outcome
-                        if ok:
-                            write.future.set_result(value)
-                        else:
-                            write.future.set_exception(value)
-        finally:
-            self._committers -= 1
-
-    async def _commit(self, batch: list[_Write]) -> None:
-        """Commit `batch`, setting each write's outcome. A deadlock or serialization failure
-        (nothing committed) runs it again; a statement error of one write fails the whole
-        transaction, so each is then run alone and only the faulty one fails."""
-        for attempt in range(1, RETRIES + 1):
-            try:
-                if self.pool is None:
-                    raise self._closed()
-                async with self.pool.connection() as conn:
-                    await self._transaction(conn, batch)
-                return
-            except _RETRYABLE as exc:
-                if attempt == RETRIES:
-                    self._fail(batch, exc)
-                    return
-                await asyncio.sleep(0.002 * attempt)
-            except psycopg.OperationalError as exc:
-                self._fail(batch, StoreUnavailable(f"PostgreSQL operation failed: {exc}"), exc)
-                return
-            except psycopg.Error as exc:
-                if len(batch) == 1:
-                    self._fail(batch, exc)
-                    return
-                for write in batch:
-                    await self._commit([write])
-                return
-            except StoreUnavailable as exc:
-                self._fail(batch, exc)
-                return
-
-    @staticmethod
-    def _fail(batch: list[_Write], exc: BaseException, cause: BaseException | None = None) -> None:
-        if cause is not None:
-            exc.__cause__ = cause
-        for write in batch:
-            write.outcome = (False, exc)
-
-    async def _transaction(self, conn: Conn, batch: list[_Write]) -> None:
-        primed: _Primed | None = None  # a lone write's operation, taken up to its next query
-        if len(batch) == 1 and not faults.ENABLED:
-            # One write: autocommit makes a single statement its own transaction, which saves
-            # the BEGIN and COMMIT round trips. (With fault sites enabled the explicit path
-            # runs, so that "before commit" exists to be hit.)
-            write = batch[0]
-            if not write.multi:
-                tx = _Tx()
-                try:
-                    write.outcome = (True, await self._drive(conn, write.make, tx))
-                except psycopg.Error:
-                    raise
-                except Exception as exc:
-                    write.outcome = (False, exc)
-                if tx.notify:
-                    await conn.execute(f"NOTIFY {CHANNEL}")
-                return
-            primed = await self._alone_first(conn, write)
-            if primed is None:
-                return
-        shared = len(batch) > 1
-        try:
-            async with conn.pipeline() as pipeline:
-                tx = _Tx(pipeline=pipeline)
-                async with conn.transaction():
-                    for write in batch:
-                        faults.hit("store.before_write", write.label)
-                    singles = [w for w in batch if not w.multi]
-                    if singles:
-                        await self._lockstep(conn, singles, tx)
-                    for write in batch:
-                        if write.multi:
-                            await self._one(conn, write, tx, savepoint=shared, primed=primed)
-                    if tx.notify:
-                        await conn.execute(f"NOTIFY {CHANNEL}")
-                    for write in batch:
-                        faults.hit("store.before_commit", write.label)
-        except _Undo:
-            return
-        for write in batch:
-            faults.hit("store.after_commit", write.label)
-
-    async def _alone_first(self, conn: Conn, write: _Write) -> _Primed | None:
-        """Settle a write whose operation opens with an `alone` statement by that statement in
-        autocommit, when it is all the operation needs (None). Otherwise the operation goes on
-        in a transaction from the query it yields next (returned with it): its first one, or
-        the one after an `alone` statement that changed nothing but what it repeats."""
-        op = write.make()
-        settled = True
-        try:
-            first, value = prime(op)
-            if first is None:
-                write.outcome = (True, value)
-                return None
-            if not first.alone:
-                settled = False
-                return op, first
-            if first.before:
-                result = await self._carrying(conn, first)
-            else:
-                result = await self._execute(conn, _Tx(), first)
-            try:
-                after = op.send(result)
-            except StopIteration as stop:
-                write.outcome = (True, stop.value)
-                return None
-            settled = False
-            return op, after
-        except psycopg.Error:
-            raise
-        except Exception as exc:
-            write.outcome = (False, exc)
-            return None
-        finally:
-            if settled:
-                op.close()
-
-    async def _carrying(self, conn: Conn, query: Query) -> Any:
-        """An `alone` statement and those it carries, sent together in one pipeline in
-        autocommit: the server runs what precedes a sync as one implicit transaction, so they
-        commit together, in one round trip."""
-        async with conn.pipeline():
-            for carried in query.before:
-                await conn.execute(self.queries.sql(carried), carried.params)
-            cur = await conn.execute(self.queries.sql(query), query.params)
-        return await cur.fetchall()
-
-    async def _lockstep(self, conn: Conn, writes: list[_Write], tx: _Tx) -> None:
-        """Run single-statement writes side by side: each round sends the next statement of
-        every one of them in one pipeline (one round trip for the lot), then hands each its
-        result. Their statements change one row each, fenced by their own lease, so the order
-        among them is free, and one that fails has changed nothing."""
-        live: list[tuple[_Write, Op[Any], Query]] = []
-        for write in writes:
-            op = write.make()
-            try:
-                live.append((write, op, next(op)))
-            except StopIteration as stop:
-                write.outcome = (True, stop.value)
-        while live:
-            # Statements of the same text go in one executemany (one result per parameter
-            # set), the groups side by side in one pipeline. Guarded, many-row and notify
-            # statements, and a dialect's empty ones, run on their own after it (a savepoint
-            # cannot share it): their result stays _ALONE.
-            groups: dict[str, list[int]] = {}
-            for i, (_, _, query) in enumerate(live):
-                if sql := self._pipelined(query):
-                    groups.setdefault(sql, []).append(i)
-            results: list[Any] = [_ALONE] * len(live)
-            async with conn.pipeline():
-                for sql, members in groups.items():
-                    async with conn.cursor() as cursor:
-                        params = [live[i][2].params for i in members]
-                        await cursor.executemany(sql, params, returning=True)
-                        for i in members:
-                            if cursor.description is None:
-                                results[i] = cursor.rowcount
-                            else:
-                                results[i] = await cursor.fetchall()
-                            cursor.nextset()
-            after: list[tuple[_Write, Op[Any], Query]] = []
-            for (write, op, query), result in zip(live, results, strict=True):
-                try:
-                    if result is not _ALONE:
-                        after.append((write, op, op.send(result)))
-                        continue
-                    try:
-                        alone = await self._execute(conn, tx, query)
-                    except Conflict as conflict:
-                        after.append((write, op, op.throw(conflict)))
-                    else:
-                        after.append((write, op, op.send(alone)))
-                except StopIteration as stop:
-                    write.outcome = (True, stop.value)
-                except psycopg.Error:
-                    raise
-                except Exception as exc:
-                    write.outcome = (False, exc)
-            live = after
-
-    def _pipelined(self, query: Query) -> str:
-        """The query's SQL if it may share the pipeline, else ""."""
-        if query.guard or query.many or query.before or query.name == "notify":
-            return ""
-        return self.queries.sql(query)
-
-    async def _one(
-        self, conn: Conn, write: _Write, tx: _Tx, *, savepoint: bool, primed: _Primed | None = None
-    ) -> None:
-        """One write of a transaction. An error of the operation's own (a lost lease) is its
-        outcome, and its statements are undone; a database error propagates and fails the
-        whole transaction."""
-        try:
-            if savepoint:
-                async with conn.transaction():
-                    write.outcome = (True, await self._drive(conn, write.make, tx, primed))
-            else:
-                write.outcome = (True, await self._drive(conn, write.make, tx, primed))
-        except psycopg.Error:
-            raise
-        except Exception as exc:
-            write.outcome = (False, exc)
-            if write.multi and not savepoint:  # alone in its transaction: undo it whole
-                raise _Undo() from exc
+    def _connection(self) -> AbstractAsyncContextManager[Conn]:
+        if self.pool is None:
+            raise self._closed()
+        return self.pool.connection()

@@ -1,0 +1,314 @@
+"""The group commit of PostgreSQL writes.
+
+Writes (operations of tether.store.ops) queue; a committer takes every write queued so far and
+commits them in one transaction, each fenced by its own statements (one run's lost lease never
+fails another's write: that operation alone is undone, by a savepoint when it has several
+statements), so many runs share one commit and one WAL flush. A write alone with one statement
+runs in autocommit: one round trip; so does an operation whose first statement may do it all
+(`alone`: a run's end) when that statement did. It knows nothing of runs, nor of the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import psycopg
+
+from tether import faults
+from tether.errors import StoreUnavailable
+from tether.store.drivers.postgres.statements import Conn, Primed, Statements, Tx
+from tether.store.query import Conflict, Op, Query, prime
+
+T = TypeVar("T")
+
+COMMITTERS = 2  # transactions of queued writes in flight at once
+MAX_BATCH = 256  # writes in one transaction
+RETRIES = 3  # a batch that met a deadlock or a serialization failure is run again
+_RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
+
+
+@dataclass(slots=True, eq=False)
+class _Write:
+    make: Callable[[], Op[Any]]
+    label: str
+    multi: bool  # several statements: a savepoint keeps it whole within a shared transaction
+    future: asyncio.Future[Any]
+    outcome: tuple[bool, Any] = (False, None)
+
+
+_ALONE = object()  # in a lockstep round: a statement not sent in the pipeline
+
+
+class _Undo(Exception):
+    """An operation alone in its transaction failed: leave the transaction (rolled back)."""
+
+
+class GroupCommit:
+    """The queue of writes to one database, and the committers that empty it."""
+
+    def __init__(
+        self, statements: Statements, connection: Callable[[], AbstractAsyncContextManager[Conn]]
+    ) -> None:
+        self._statements = statements
+        self._connection = connection  # a pooled connection, or StoreUnavailable once closed
+        self._queued: list[_Write] = []
+        self._committers = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def drain(self) -> None:
+        """Wait until every queued write has committed (or failed)."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def write(self, make: Callable[[], Op[T]], *, label: str = "", multi: bool = True) -> T:
+        """Commit the operation, with whatever other writes are queued meanwhile; answer after
+        the commit. A broken connection fails it with StoreUnavailable: it may have committed
+        (the engine resolves that by reading back)."""
+        loop = asyncio.get_running_loop()
+        write = _Write(make, label, multi, loop.create_future())
+        if not multi and not self._committers and not self._queued:
+            # Nobody is committing: a single statement commits at once, in the caller's task
+            # (no hop to a committer); writes that come meanwhile queue for a committer.
+            self._committers += 1
+            try:
+                await self._commit([write])
+            finally:
+                self._committers -= 1
+                if self._queued:
+                    self._start(loop)
+            ok, value = write.outcome
+            if ok:
+                return value  # type: ignore[no-any-return]
+            raise value
+        self._queued.append(write)
+        if self._committers < COMMITTERS:
+            self._start(loop)
+        return await write.future  # type: ignore[no-any-return]
+
+    def _start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._committers += 1
+        task = loop.create_task(self._committer())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _committer(self) -> None:
+        try:
+            while self._queued:
+                batch = self._queued[:MAX_BATCH]
+                del self._queued[:MAX_BATCH]
+                await self._commit(batch)
+                for write in batch:
+                    if not write.future.done():
+                        ok, value = write.outcome
+                        if ok:
+                            write.future.set_result(value)
+                        else:
+                            write.future.set_exception(value)
+        finally:
+            self._committers -= 1
+
+    async def _commit(self, batch: list[_Write]) -> None:
+        """Commit `batch`, setting each write's outcome. A deadlock or serialization failure
+        (nothing committed) runs it again; a statement error of one write fails the whole
+        transaction, so each is then run alone and only the faulty one fails."""
+        for attempt in range(1, RETRIES + 1):
+            try:
+                async with self._connection() as conn:  # StoreUnavailable once closed
+                    await self._transaction(conn, batch)
+                return
+            except _RETRYABLE as exc:
+                if attempt == RETRIES:
+                    self._fail(batch, exc)
+                    return
+                await asyncio.sleep(0.002 * attempt)
+            except psycopg.OperationalError as exc:
+                self._fail(batch, StoreUnavailable(f"PostgreSQL operation failed: {exc}"), exc)
+                return
+            except psycopg.Error as exc:
+                if len(batch) == 1:
+                    self._fail(batch, exc)
+                    return
+                for write in batch:
+                    await self._commit([write])
+                return
+            except StoreUnavailable as exc:
+                self._fail(batch, exc)
+                return
+
+    @staticmethod
+    def _fail(batch: list[_Write], exc: BaseException, cause: BaseException | None = None) -> None:
+        if cause is not None:
+            exc.__cause__ = cause
+        for write in batch:
+            write.outcome = (False, exc)
+
+    async def _transaction(self, conn: Conn, batch: list[_Write]) -> None:
+        primed: Primed | None = None  # a lone write's operation, taken up to its next query
+        if len(batch) == 1 and not faults.ENABLED:
+            # One write: autocommit makes a single statement its own transaction, which saves
+            # the BEGIN and COMMIT round trips. (With fault sites enabled the explicit path
+            # runs, so that "before commit" exists to be hit.)
+            write = batch[0]
+            if not write.multi:
+                tx = Tx()
+                try:
+                    write.outcome = (True, await self._statements.drive(conn, write.make, tx))
+                except psycopg.Error:
+                    raise
+                except Exception as exc:
+                    write.outcome = (False, exc)
+                if tx.notify:
+                    await self._statements.notify(conn)
+                return
+            primed = await self._alone_first(conn, write)
+            if primed is None:
+                return
+        shared = len(batch) > 1
+        try:
+            async with conn.pipeline() as pipeline:
+                tx = Tx(pipeline=pipeline)
+                async with conn.transaction():
+                    for write in batch:
+                        faults.hit("store.before_write", write.label)
+                    singles = [w for w in batch if not w.multi]
+                    if singles:
+                        await self._lockstep(conn, singles, tx)
+                    for write in batch:
+                        if write.multi:
+                            await self._one(conn, write, tx, savepoint=shared, primed=primed)
+                    if tx.notify:
+                        await self._statements.notify(conn)
+                    for write in batch:
+                        faults.hit("store.before_commit", write.label)
+        except _Undo:
+            return
+        for write in batch:
+            faults.hit("store.after_commit", write.label)
+
+    async def _alone_first(self, conn: Conn, write: _Write) -> Primed | None:
+        """Settle a write whose operation opens with an `alone` statement by that statement in
+        autocommit, when it is all the operation needs (None). Otherwise the operation goes on
+        in a transaction from the query it yields next (returned with it): its first one, or
+        the one after an `alone` statement that changed nothing but what it repeats."""
+        op = write.make()
+        settled = True
+        try:
+            first, value = prime(op)
+            if first is None:
+                write.outcome = (True, value)
+                return None
+            if not first.alone:
+                settled = False
+                return op, first
+            if first.before:
+                result = await self._carrying(conn, first)
+            else:
+                result = await self._statements.execute(conn, Tx(), first)
+            try:
+                after = op.send(result)
+            except StopIteration as stop:
+                write.outcome = (True, stop.value)
+                return None
+            settled = False
+            return op, after
+        except psycopg.Error:
+            raise
+        except Exception as exc:
+            write.outcome = (False, exc)
+            return None
+        finally:
+            if settled:
+                op.close()
+
+    async def _carrying(self, conn: Conn, query: Query) -> Any:
+        """An `alone` statement and those it carries, sent together in one pipeline in
+        autocommit: the server runs what precedes a sync as one implicit transaction, so they
+        commit together, in one round trip."""
+        async with conn.pipeline():
+            for carried in query.before:
+                await conn.execute(self._statements.queries.sql(carried), carried.params)
+            cur = await conn.execute(self._statements.queries.sql(query), query.params)
+        return await cur.fetchall()
+
+    async def _lockstep(self, conn: Conn, writes: list[_Write], tx: Tx) -> None:
+        """Run single-statement writes side by side: each round sends the next statement of
+        every one of them in one pipeline (one round trip for the lot), then hands each its
+        result. Their statements change one row each, fenced by their own lease, so the order
+        among them is free, and one that fails has changed nothing."""
+        live: list[tuple[_Write, Op[Any], Query]] = []
+        for write in writes:
+            op = write.make()
+            try:
+                live.append((write, op, next(op)))
+            except StopIteration as stop:
+                write.outcome = (True, stop.value)
+        while live:
+            # Statements of the same text go in one executemany (one result per parameter
+            # set), the groups side by side in one pipeline. Guarded, many-row and notify
+            # statements, and a dialect's empty ones, run on their own after it (a savepoint
+            # cannot share it): their result stays _ALONE.
+            groups: dict[str, list[int]] = {}
+            for i, (_, _, query) in enumerate(live):
+                if sql := self._pipelined(query):
+                    groups.setdefault(sql, []).append(i)
+            results: list[Any] = [_ALONE] * len(live)
+            async with conn.pipeline():
+                for sql, members in groups.items():
+                    async with conn.cursor() as cursor:
+                        params = [live[i][2].params for i in members]
+                        await cursor.executemany(sql, params, returning=True)
+                        for i in members:
+                            if cursor.description is None:
+                                results[i] = cursor.rowcount
+                            else:
+                                results[i] = await cursor.fetchall()
+                            cursor.nextset()
+            after: list[tuple[_Write, Op[Any], Query]] = []
+            for (write, op, query), result in zip(live, results, strict=True):
+                try:
+                    if result is not _ALONE:
+                        after.append((write, op, op.send(result)))
+                        continue
+                    try:
+                        alone = await self._statements.execute(conn, tx, query)
+                    except Conflict as conflict:
+                        after.append((write, op, op.throw(conflict)))
+                    else:
+                        after.append((write, op, op.send(alone)))
+                except StopIteration as stop:
+                    write.outcome = (True, stop.value)
+                except psycopg.Error:
+                    raise
+                except Exception as exc:
+                    write.outcome = (False, exc)
+            live = after
+
+    def _pipelined(self, query: Query) -> str:
+        """The query's SQL if it may share the pipeline, else ""."""
+        if query.guard or query.many or query.before or query.name == "notify":
+            return ""
+        return self._statements.queries.sql(query)
+
+    async def _one(
+        self, conn: Conn, write: _Write, tx: Tx, *, savepoint: bool, primed: Primed | None = None
+    ) -> None:
+        """One write of a transaction. An error of the operation's own (a lost lease) is its
+        outcome, and its statements are undone; a database error propagates and fails the
+        whole transaction."""
+        drive = self._statements.drive
+        try:
+            if savepoint:
+                async with conn.transaction():
+                    write.outcome = (True, await drive(conn, write.make, tx, primed))
+            else:
+                write.outcome = (True, await drive(conn, write.make, tx, primed))
+        except psycopg.Error:
+            raise
+        except Exception as exc:
+            write.outcome = (False, exc)
+            if write.multi and not savepoint:  # alone in its transaction: undo it whole
+                raise _Undo() from exc
