@@ -331,6 +331,68 @@ def test_a_stored_float_reads_back_as_the_same_float(number: float) -> None:
     assert float(SERDE.dumps(Celsius(number))) == number
 
 
+class FirstValues(dict[str, Any]):
+    """A dict subclass that shows other items than it holds (as werkzeug's MultiDict does)."""
+
+    def items(self) -> Any:  # type: ignore[override]
+        return [(key, values[0]) for key, values in super().items()]
+
+
+class Doubled(list[Any]):
+    """A list subclass whose iteration is not its storage."""
+
+    def __iter__(self) -> Any:
+        return (item * 2 for item in super().__iter__())
+
+
+class Loud(float):
+    def __sub__(self, other: object) -> float:
+        raise AssertionError("the walk ran the subclass's own arithmetic")
+
+
+def test_a_dict_or_list_subclass_is_stored_as_the_items_it_shows() -> None:
+    # What was walked is what is written: never the subclass's storage, which orjson reads.
+    shown = FirstValues(a=["1", "2"], b=[3])
+    assert SERDE.dumps(shown) == json.dumps({"a": "1", "b": 3}, separators=(",", ":"))
+    assert SERDE.dumps({"k": Doubled([1, 2])}) == '{"k":[2,4]}'
+    assert SERDE.dumps(Loud(1.5)) == "1.5"
+
+
+class FirstOnly(list[Any]):
+    """A list subclass whose iteration shows its first item only."""
+
+    def __iter__(self) -> Any:
+        return iter(list.__getitem__(self, slice(0, 1)))
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (FirstValues(x=[0.5, float("nan")]), {"x": 0.5}),
+        (FirstValues(x=[1, Reading(float("inf"))]), {"x": 1}),
+        (FirstValues(x=["a", datetime(2026, 1, 1)]), {"x": "a"}),
+        ({"k": FirstOnly([1, float("nan"), Reading(2.0)])}, {"k": [1]}),
+    ],
+    ids=["nan-in-storage", "dataclass-in-storage", "datetime-in-storage", "list-storage"],
+)
+def test_what_a_subclass_holds_but_does_not_show_is_never_written(
+    value: object, shown: object
+) -> None:
+    # Storage the walk never saw would reach the encoder unchecked: NaN as null, a dataclass or
+    # a datetime untagged. Only what the subclass shows is written.
+    assert SERDE.dumps(value) == json.dumps(shown, separators=(",", ":"))
+
+
+def test_nan_shown_by_a_subclass_is_refused() -> None:
+    with pytest.raises(SerializationError, match=r"at \$\.v\.x: nan is not a number"):
+        SERDE.dumps({"v": FirstValues(x=[float("nan"), 0.0])})
+
+
+def test_a_dataclass_shown_only_by_items_is_stored_by_its_fields() -> None:
+    stored = SERDE.dumps(FirstValues(r=[Reading(2.5)]))
+    assert json.loads(stored) == {"r": {"value": 2.5}}
+
+
 def test_ints_over_64_bits_and_deep_nesting_are_stored_too() -> None:
     # Past what orjson writes: the standard library writes them.
     big = {"n": 2**64, "m": [-(2**200), 1.5]}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import math
 import re
 from collections import abc
 from collections.abc import Callable
@@ -56,10 +57,11 @@ _CANONICAL = _encoder(sort_keys=True)
 
 def stored_text(value: object) -> str:
     """Stored JSON text of what _encode made, by orjson: 1 MB of text in 0.1 ms, against 2.5
-    for the standard library, whose text it is but for float exponents (1e-7 for 1e-07, the
-    same float), so canonical text stays the standard library's. _encode has refused NaN and
-    infinity, which orjson writes as null; where orjson refuses (an int over 64 bits, nesting
-    over 254 levels, a lone surrogate) the standard library writes the value."""
+    for the standard library, whose text it is but for float formatting (1e-7 for 1e-07,
+    0.00001 for 1e-05: the same float), so canonical text stays the standard library's.
+    _encode has refused NaN and infinity, which orjson writes as null, and made plain dicts and
+    lists of subclasses, whose storage orjson would read; where orjson refuses (an int over 64
+    bits, nesting over 254 levels, a lone surrogate) the standard library writes the value."""
     try:
         return orjson.dumps(value).decode()
     except TypeError:
@@ -142,7 +144,9 @@ def _not_finite(value: float) -> object:  # every value is walked: orjson would 
 
 
 def _finite(value: float) -> object:
-    return value if value - value == 0 else _not_finite(value)
+    # A float subclass: its own value read without running its code (math.isfinite reads the
+    # C double), written as a plain float so the encoders see JSON's own type.
+    return float.__float__(value) if math.isfinite(value) else _not_finite(value)
 
 
 def _as_is(value: Any) -> object:
@@ -186,10 +190,12 @@ def _find_encoder(t: type) -> Converter:
         encoder = lambda v: _encode_dict({n: getattr(v, n) for n in names})  # noqa: E731
     elif callable(getattr(t, "model_dump", None)):
         encoder = lambda v: _encode(v.model_dump(mode="json"))  # noqa: E731
-    elif issubclass(t, dict | list):
-        encoder = _encode_dict if issubclass(t, dict) else _encode_seq
-    elif issubclass(t, abc.Mapping):
-        encoder = lambda v: _encode_dict(dict(v))  # noqa: E731
+    elif issubclass(t, dict | abc.Mapping):
+        # A copy as a plain dict from the items the subclass shows (MultiDict's first values):
+        # the encoders must write what was walked, and orjson reads a subclass's storage.
+        encoder = lambda v: _encode_dict(dict(v.items()))  # noqa: E731
+    elif issubclass(t, list):
+        encoder = lambda v: _encode_seq(list(v))  # noqa: E731  # the same, by its __iter__
     elif issubclass(t, float):
         encoder = _finite  # written as its base value, once it is one JSON has
     elif issubclass(t, str | int):
@@ -233,7 +239,9 @@ def to_text(value: object, encode: Callable[[object], str], what: str) -> str:
         where = f" at {at_path(problem.path)}" if problem.path else ""
         raise SerializationError(f"cannot store {what}{where}: {problem.message}") from None
     except ValueError as exc:  # an int too long to print, a failed model_dump
-        raise SerializationError(f"cannot store {what}: {exc}") from None
+        nan = "float" in str(exc)
+        advice = "; JSON has no NaN or infinity: store None or a string" if nan else ""
+        raise SerializationError(f"cannot store {what}: {exc}{advice}") from None
     except RecursionError:
         raise SerializationError(f"cannot store {what}: it nests too deep or is cyclic") from None
 
