@@ -2,10 +2,14 @@
 event loop for async ones, on the App's database and schema (`?schema=` in the URL).
 
 Each operation is one transaction on a pooled connection; the operation's encoding and decoding
-run off the event loop (`query.adrive`). The first use creates the saver's tables
-(`sql/postgres/` migrations, recorded in tether_lg_migrations) under an advisory lock of their
-own, so processes starting together apply them once. Sync callers never touch an event loop, so
-calling them inside a running loop blocks it for the query's duration but cannot deadlock.
+run off the event loop (`query.adrive`). A blind write (put, put_writes: it reads no result of
+its statements) is sent whole in one pipeline in autocommit: the server runs what precedes the
+pipeline's one Sync as one implicit transaction, all or nothing, in one round trip (a
+transaction block inside a psycopg pipeline would sync at BEGIN and COMMIT too). The first use
+creates the saver's tables (`sql/postgres/` migrations, recorded in tether_lg_migrations) under
+an advisory lock of their own, so processes starting together apply them once. Sync callers
+never touch an event loop, so calling them inside a running loop blocks it for the query's
+duration but cannot deadlock.
 """
 
 from __future__ import annotations
@@ -150,14 +154,49 @@ class PostgresDatabase:
 
     # -- running operations ---------------------------------------------------------------
 
-    def run(self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False) -> T:
+    def run(
+        self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False, blind: bool = False
+    ) -> T:
+        if blind:
+            result, queries = _statements_of(make)
+            with self._sync_pool().connection() as conn, conn.cursor() as cursor:
+                conn.autocommit = True  # no BEGIN: the pipeline's one Sync commits it all
+                try:
+                    with conn.pipeline():
+                        for query in queries:
+                            _execute(cursor, self._queries, query, fetch=False)
+                finally:
+                    if not conn.closed:
+                        conn.autocommit = False
+            return result
         with self._sync_pool().connection() as conn, conn.cursor() as cursor:
             return drive(make(), partial(_execute, cursor, self._queries))  # one transaction
 
-    async def arun(self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False) -> T:
+    async def arun(
+        self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False, blind: bool = False
+    ) -> T:
         pool = await self._async_pool()
+        if blind:
+            result, queries = await asyncio.to_thread(_statements_of, make)  # encoded off the loop
+            async with pool.connection() as conn, conn.cursor() as cursor:
+                await conn.set_autocommit(True)
+                try:
+                    async with conn.pipeline():
+                        for query in queries:
+                            await _aexecute(cursor, self._queries, query, fetch=False)
+                finally:
+                    if not conn.closed:
+                        await conn.set_autocommit(False)
+            return result
         async with pool.connection() as conn, conn.cursor() as cursor:
             return await adrive(make(), partial(_aexecute, cursor, self._queries), threads=True)
+
+
+def _statements_of(make: Callable[[], Op[T]]) -> tuple[T, list[Query]]:
+    """A blind operation's result and its statements, all made before any is sent (it reads
+    no result of theirs, so each gets None)."""
+    queries: list[Query] = []
+    return drive(make(), queries.append), queries
 
 
 def _statement(cursor: psycopg.Cursor[Any], statement: Statement) -> Any:
@@ -170,19 +209,28 @@ async def _astatement(cursor: psycopg.AsyncCursor[Any], statement: Statement) ->
     return await cursor.fetchall() if cursor.description is not None else None
 
 
-def _execute(cursor: psycopg.Cursor[Any], queries: Queries, query: Query) -> Any:
+def _execute(
+    cursor: psycopg.Cursor[Any], queries: Queries, query: Query, *, fetch: bool = True
+) -> Any:
+    """Run `query` (only queue it in a pipeline, without `fetch`: nothing to read back)."""
     sql = queries.sql(query)
     if query.many:
         cursor.executemany(sql, cast("list[dict[str, Any]]", query.params))
         return None
     cursor.execute(sql, cast("dict[str, Any]", query.params))
+    if not fetch:
+        return None
     return cursor.rowcount if cursor.description is None else cursor.fetchall()
 
 
-async def _aexecute(cursor: psycopg.AsyncCursor[Any], queries: Queries, query: Query) -> Any:
+async def _aexecute(
+    cursor: psycopg.AsyncCursor[Any], queries: Queries, query: Query, *, fetch: bool = True
+) -> Any:
     sql = queries.sql(query)
     if query.many:
         await cursor.executemany(sql, cast("list[dict[str, Any]]", query.params))
         return None
     await cursor.execute(sql, cast("dict[str, Any]", query.params))
+    if not fetch:
+        return None
     return cursor.rowcount if cursor.description is None else await cursor.fetchall()

@@ -53,8 +53,14 @@ class _Database(Protocol):
 
     url: str
 
-    def run(self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False) -> T: ...
-    async def arun(self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False) -> T: ...
+    # `linger`: a write that may wait for the next one to share its commit; `blind`: one that
+    # reads no result of its statements, so they may all be sent before any answers.
+    def run(
+        self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False, blind: bool = False
+    ) -> T: ...
+    async def arun(
+        self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False, blind: bool = False
+    ) -> T: ...
     def close(self) -> None: ...
     async def aclose(self) -> None: ...
 
@@ -183,7 +189,7 @@ class TetherSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         """Store a checkpoint; only the channels in `new_versions` get their value written."""
         make = partial(ops.put, self.serde, config, checkpoint, metadata, new_versions)
-        return self._db.run(make, write=True)
+        return self._db.run(make, write=True, blind=True)
 
     async def aput(
         self,
@@ -193,7 +199,7 @@ class TetherSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         make = partial(ops.put, self.serde, config, checkpoint, metadata, new_versions)
-        return await self._db.arun(make, write=True)
+        return await self._db.arun(make, write=True, blind=True)
 
     def put_writes(
         self,
@@ -204,7 +210,7 @@ class TetherSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """Store a task's writes against the checkpoint in `config`."""
         make = partial(ops.put_writes, self.serde, config, writes, task_id, task_path)
-        self._db.run(make, write=True, linger=True)
+        self._db.run(make, write=True, linger=True, blind=True)
 
     async def aput_writes(
         self,
@@ -214,23 +220,23 @@ class TetherSaver(BaseCheckpointSaver[str]):
         task_path: str = "",
     ) -> None:
         make = partial(ops.put_writes, self.serde, config, writes, task_id, task_path)
-        await self._db.arun(make, write=True, linger=True)
+        await self._db.arun(make, write=True, linger=True, blind=True)
 
     def delete_thread(self, thread_id: str) -> None:
         """Delete a thread's checkpoints, values and writes, in every namespace."""
-        self._db.run(partial(ops.delete_thread, thread_id), write=True)
+        self._db.run(partial(ops.delete_thread, thread_id), write=True, blind=True)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await self._db.arun(partial(ops.delete_thread, thread_id), write=True)
+        await self._db.arun(partial(ops.delete_thread, thread_id), write=True, blind=True)
 
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint, value and write of one thread to another."""
-        self._db.run(partial(ops.copy_thread, source_thread_id, target_thread_id), write=True)
+        make = partial(ops.copy_thread, source_thread_id, target_thread_id)
+        self._db.run(make, write=True, blind=True)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await self._db.arun(
-            partial(ops.copy_thread, source_thread_id, target_thread_id), write=True
-        )
+        make = partial(ops.copy_thread, source_thread_id, target_thread_id)
+        await self._db.arun(make, write=True, blind=True)
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """`keep_latest`: keep each namespace's latest checkpoint (and the ancestors its delta

@@ -304,7 +304,10 @@ class SqliteDatabase:
 
     # -- running operations ---------------------------------------------------------------
 
-    def run(self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False) -> T:
+    def run(
+        self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False, blind: bool = False
+    ) -> T:
+        # `blind` changes nothing here: a statement in the file costs no round trip to save.
         if not write:
             self._open()
             return self._read(make())
@@ -314,7 +317,9 @@ class SqliteDatabase:
             return cast(T, result)
         return self._open().write(make, op, first, linger)
 
-    async def arun(self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False) -> T:
+    async def arun(
+        self, make: Callable[[], Op[T]], *, write: bool, linger: bool = False, blind: bool = False
+    ) -> T:
         if not write:
             return await asyncio.to_thread(self.run, make, write=False)
         writer = self._writer
