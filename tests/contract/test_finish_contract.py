@@ -5,6 +5,7 @@ tell), and nothing at all under a lease that is no longer held."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import uuid
@@ -66,13 +67,18 @@ async def test_an_end_that_cancels_approvals_writes_its_checkpoints_too(store: S
     assert (await get(store, "r1")).status is RunStatus.SUCCEEDED
 
 
-async def test_a_childs_end_writes_its_checkpoints_and_tells_its_parent(store: Store) -> None:
+async def a_waiting_parents_kid(store: Store) -> Lease:
+    """Run "parent" waiting for its child "kid", which w1 holds: the kid's lease."""
     await store.create_run(NewRun("parent", WF, "{}"), NOW)
     parent = lease_of(await claim_one(store, "w1"))
     await store.suspend_run(parent, None, NOW, wake_on=[child_key("kid")])
     await store.create_run(NewRun("kid", WF, "{}", parent_id="parent"), NOW, owner="w1",
                            lease_until=NOW + LEASE)  # fmt: skip
-    kid = lease_of(await get(store, "kid"))
+    return lease_of(await get(store, "kid"))
+
+
+async def test_a_childs_end_writes_its_checkpoints_and_tells_its_parent(store: Store) -> None:
+    kid = await a_waiting_parents_kid(store)
     last = checkpoint(0, "one", "7")
     await store.finish_run(kid, RunStatus.SUCCEEDED, "7", None, NOW + 1, checkpoints=[last])
     assert await store.load_history("kid") == [stored(last, kid)]
@@ -146,5 +152,58 @@ async def test_a_full_end_on_postgresql_goes_on_from_its_one_statement(
         cancelled = await store.get_approval("p1")
         assert cancelled is not None
         assert cancelled.status == "cancelled"
+    finally:
+        await store.close()
+
+
+async def test_ends_sharing_one_commit_on_postgresql_each_end_as_alone(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ends queued together share a transaction: their one statements go in one round, and
+    only those with more to do (approvals to cancel, a parent to tell, a lease no longer
+    held) go on, each in its savepoint, exactly as each would alone."""
+    store = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
+    await store.open()
+    try:
+        plain = [await running(store, f"plain{i}") for i in range(5)]
+        asking = [await running(store, f"asking{i}") for i in range(2)]
+        for i, lease in enumerate(asking):
+            await created(store, approval(f"ap{i}", lease.run_id), NOW + 1)
+        kid = await a_waiting_parents_kid(store)
+        await running(store, "stale")
+        stale = Lease("stale", "w-gone", 1)  # never this run's holder
+        ends = [*plain, *asking, kid]
+
+        rounds: list[list[str]] = []
+        alone_round = store.driver.commits._alone_round
+
+        async def spied(conn: Any, writes: Any) -> Any:
+            rounds.append([w.label for w in writes])
+            return await alone_round(conn, writes)
+
+        monkeypatch.setattr(store.driver.commits, "_alone_round", spied)
+        last = checkpoint(0, "one", "9")
+        outcomes = await asyncio.gather(
+            *(store.finish_run(lease, RunStatus.SUCCEEDED, f'"{lease.run_id}"', None, NOW + 2,
+                               checkpoints=[last]) for lease in [*ends, stale]),
+            return_exceptions=True,
+        )  # fmt: skip
+        assert [len(labels) for labels in rounds] == [len(ends) + 1]  # one shared transaction
+        assert outcomes[:-1] == [None] * len(ends)
+        assert isinstance(outcomes[-1], LeaseLost)
+        for lease in ends:
+            run = await get(store, lease.run_id)
+            assert (run.status, run.result, run.owner) == (
+                RunStatus.SUCCEEDED, f'"{lease.run_id}"', None
+            )  # fmt: skip
+            assert await store.load_history(lease.run_id) == [stored(last, lease)]
+        for i in range(len(asking)):
+            cancelled = await store.get_approval(f"ap{i}")
+            assert cancelled is not None
+            assert cancelled.status == "cancelled"
+        assert (await get(store, "parent")).wake_at == NOW + 2
+        untouched = await get(store, "stale")
+        assert (untouched.status, untouched.owner) == (RunStatus.RUNNING, "w1")
+        assert await store.load_history("stale") == []
     finally:
         await store.close()

@@ -43,6 +43,20 @@ class _Write:
 _ALONE = object()  # in a lockstep round: a statement not sent in the pipeline
 
 
+def _send(write: _Write, op: Op[Any], result: Any) -> Query | None:
+    """The operation's next query after `result` (a Conflict is thrown into it), or None once
+    it has ended, its outcome set. A database error propagates: it fails the transaction."""
+    try:
+        return op.throw(result) if isinstance(result, Conflict) else op.send(result)
+    except StopIteration as stop:
+        write.outcome = (True, stop.value)
+    except psycopg.Error:
+        raise
+    except Exception as exc:
+        write.outcome = (False, exc)
+    return None
+
+
 class _Undo(Exception):
     """An operation alone in its transaction failed: leave the transaction (rolled back)."""
 
@@ -177,9 +191,12 @@ class GroupCommit:
                     singles = [w for w in batch if not w.multi]
                     if singles:
                         await self._lockstep(conn, singles, tx)
-                    for write in batch:
-                        if write.multi:
-                            await self._one(conn, write, tx, savepoint=shared, primed=primed)
+                    multis = [w for w in batch if w.multi]
+                    going = [(w, primed) for w in multis]
+                    if shared and multis:
+                        going = await self._alone_round(conn, multis)
+                    for write, taken in going:
+                        await self._one(conn, write, tx, savepoint=shared, primed=taken)
                     if tx.notify:
                         await self._statements.notify(conn)
                     for write in batch:
@@ -247,49 +264,102 @@ class GroupCommit:
             except StopIteration as stop:
                 write.outcome = (True, stop.value)
         while live:
-            # Statements of the same text go in one executemany (one result per parameter
-            # set), the groups side by side in one pipeline. Guarded, many-row and notify
-            # statements, and a dialect's empty ones, run on their own after it (a savepoint
-            # cannot share it): their result stays _ALONE.
-            groups: dict[str, list[int]] = {}
-            for i, (_, _, query) in enumerate(live):
-                if sql := self._pipelined(query):
-                    groups.setdefault(sql, []).append(i)
-            results: list[Any] = [_ALONE] * len(live)
-            async with conn.pipeline():
-                for sql, members in groups.items():
-                    async with conn.cursor() as cursor:
-                        params = [live[i][2].params for i in members]
-                        await cursor.executemany(sql, params, returning=True)
-                        for i in members:
-                            if cursor.description is None:
-                                results[i] = cursor.rowcount
-                            else:
-                                results[i] = await cursor.fetchall()
-                            cursor.nextset()
+            results = await self._round(conn, [query for _, _, query in live])
             after: list[tuple[_Write, Op[Any], Query]] = []
-            for (write, op, query), result in zip(live, results, strict=True):
-                try:
-                    if result is not _ALONE:
-                        after.append((write, op, op.send(result)))
-                        continue
+            for (write, op, query), pipelined in zip(live, results, strict=True):
+                result = pipelined
+                if result is _ALONE:
                     try:
-                        alone = await self._statements.execute(conn, tx, query)
+                        result = await self._statements.execute(conn, tx, query)
                     except Conflict as conflict:
-                        after.append((write, op, op.throw(conflict)))
-                    else:
-                        after.append((write, op, op.send(alone)))
-                except StopIteration as stop:
-                    write.outcome = (True, stop.value)
+                        result = conflict
+                    except psycopg.Error:
+                        raise
+                    except Exception as exc:
+                        write.outcome = (False, exc)
+                        continue
+                if (following := _send(write, op, result)) is not None:
+                    after.append((write, op, following))
+            live = after
+
+    async def _alone_round(
+        self, conn: Conn, writes: list[_Write]
+    ) -> list[tuple[_Write, Primed | None]]:
+        """Several-statement writes sharing a transaction, whose operation opens with an
+        `alone` statement (a run's end): those statements, with what they carry, for all of
+        them in one pipelined round and without a savepoint, since each does its whole
+        operation or changes nothing but what the operation repeats. Returns the writes that go
+        on, each (in its savepoint) from the query it yields next, or from its first where it
+        opens otherwise; those settled here are done. A savepoint's round trips per write
+        (three or four) become one for the lot."""
+        going: list[tuple[_Write, Primed | None]] = []
+        sent: list[tuple[_Write, Op[Any], Query]] = []
+        try:
+            for write in writes:
+                op = write.make()
+                try:
+                    first, value = prime(op)
                 except psycopg.Error:
                     raise
                 except Exception as exc:
                     write.outcome = (False, exc)
-            live = after
+                    continue
+                if first is None:
+                    write.outcome = (True, value)
+                elif first.alone and self._pipelined(first, carried=True):
+                    sent.append((write, op, first))
+                else:
+                    going.append((write, (op, first)))
+            results = await self._round(conn, [query for _, _, query in sent], carried=True)
+        except BaseException:
+            for _, op, _ in sent:
+                op.close()
+            for _, primed in going:
+                if primed is not None:
+                    primed[0].close()
+            raise
+        for (write, op, _), result in zip(sent, results, strict=True):
+            if (following := _send(write, op, result)) is not None:
+                going.append((write, (op, following)))
+        return going  # those settled here are not driven again
 
-    def _pipelined(self, query: Query) -> str:
-        """The query's SQL if it may share the pipeline, else ""."""
-        if query.guard or query.many or query.before or query.name == "notify":
+    async def _round(self, conn: Conn, queries: list[Query], *, carried: bool = False) -> list[Any]:
+        """Each query's result, from one pipeline: statements of the same text in one
+        executemany (one result per parameter set), the groups side by side; with `carried`,
+        the statements a query carries go first, their results dropped. A query that may not
+        share the pipeline (guarded, many-row, notify, a dialect's empty one) gets _ALONE, for
+        the caller to run on its own (a savepoint cannot share it)."""
+        if not queries:
+            return []
+        groups: dict[str, list[tuple[int, Query]]] = {}
+        if carried:
+            for query in queries:
+                for before in query.before:
+                    groups.setdefault(self._statements.queries.sql(before), []).append((-1, before))
+        for i, query in enumerate(queries):
+            if sql := self._pipelined(query, carried=carried):
+                groups.setdefault(sql, []).append((i, query))
+        results: list[Any] = [_ALONE] * len(queries)
+        async with conn.pipeline():
+            for sql, members in groups.items():
+                async with conn.cursor() as cursor:
+                    params = [query.params for _, query in members]
+                    await cursor.executemany(sql, params, returning=True)
+                    for i, _ in members:
+                        if i >= 0:
+                            if cursor.description is None:
+                                results[i] = cursor.rowcount
+                            else:
+                                results[i] = await cursor.fetchall()
+                        cursor.nextset()
+        return results
+
+    def _pipelined(self, query: Query, *, carried: bool = False) -> str:
+        """The query's SQL if it may share the pipeline (with `carried`, carrying statements
+        that may share it too), else ""."""
+        if query.guard or query.many or query.name == "notify":
+            return ""
+        if query.before and not (carried and all(map(self._pipelined, query.before))):
             return ""
         return self._statements.queries.sql(query)
 
