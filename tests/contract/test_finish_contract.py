@@ -26,6 +26,7 @@ from tests.contract.test_store_contract import (
 )
 from tests.postgres_server import with_schema
 
+from tether import faults
 from tether.errors import LeaseLost
 from tether.store.keys import child_key
 from tether.store.port import CheckpointStatus, Lease, NewRun, RunStatus, Store
@@ -205,5 +206,85 @@ async def test_ends_sharing_one_commit_on_postgresql_each_end_as_alone(
         untouched = await get(store, "stale")
         assert (untouched.status, untouched.owner) == (RunStatus.RUNNING, "w1")
         assert await store.load_history("stale") == []
+    finally:
+        await store.close()
+
+
+async def test_of_two_ends_of_one_run_sharing_a_commit_the_failed_one_leaves_nothing(
+    postgres_url: str,
+) -> None:
+    """The end that lost the race (the run had ended by the other) writes none of the
+    checkpoints it carried, though its statements went in the same round as the winner's."""
+    store = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
+    await store.open()
+    try:
+        lease = await running(store, "r1")
+        first, second = checkpoint(0, "one", '"A"'), checkpoint(0, "one", '"B"')
+        outcomes = await asyncio.gather(
+            store.finish_run(lease, RunStatus.SUCCEEDED, '"A"', None, NOW + 1, checkpoints=[first]),
+            store.finish_run(lease, RunStatus.SUCCEEDED, '"B"', None, NOW + 1,
+                             checkpoints=[second]),
+            return_exceptions=True,
+        )  # fmt: skip
+        assert outcomes[0] is None
+        assert isinstance(outcomes[1], LeaseLost)
+        assert (await get(store, "r1")).result == '"A"'
+        assert await store.load_history("r1") == [stored(first, lease)]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("company", [0, 3], ids=["alone", "sharing-a-commit"])
+async def test_an_end_that_cannot_be_sent_writes_none_of_what_it_carries(
+    postgres_url: str, company: int
+) -> None:
+    """A parameter the driver cannot send (a NUL byte in text) fails the end on the client,
+    after its carried checkpoint was queued: nothing of it may commit; ends beside it do."""
+    store = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
+    await store.open()
+    try:
+        others = [await running(store, f"ok{i}") for i in range(company)]
+        bad = await running(store, "bad")
+        outcomes = await asyncio.gather(
+            *(store.finish_run(lease, RunStatus.SUCCEEDED, '"ok"', None, NOW + 2,
+                               checkpoints=[checkpoint(0)]) for lease in others),
+            store.finish_run(bad, RunStatus.FAILED, None, '{"nul": "\x00"}', NOW + 2,
+                             checkpoints=[checkpoint(0, "x", "1")]),
+            return_exceptions=True,
+        )  # fmt: skip
+        assert outcomes[:company] == [None] * company
+        assert isinstance(outcomes[company], Exception)
+        for lease in others:
+            assert (await get(store, lease.run_id)).status is RunStatus.SUCCEEDED
+            assert await store.load_history(lease.run_id) == [stored(checkpoint(0), lease)]
+        assert (await get(store, "bad")).status is RunStatus.RUNNING
+        assert await store.load_history("bad") == []
+    finally:
+        await store.close()
+
+
+async def test_a_fault_raised_in_a_shared_commit_fails_its_writes_and_never_hangs_them(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
+    await store.open()
+    try:
+        leases = [await running(store, f"r{i}") for i in range(3)]
+        monkeypatch.setattr(faults, "_RULES", faults._parse("store.before_commit@finish*=raise"))
+        monkeypatch.setattr(faults, "ENABLED", True)
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(
+                *(store.finish_run(lease, RunStatus.SUCCEEDED, '"x"', None, NOW + 1)
+                  for lease in leases),
+                return_exceptions=True,
+            ),
+            timeout=20,
+        )  # fmt: skip
+        assert [type(o).__name__ for o in outcomes] == ["InjectedFault"] * 3
+        monkeypatch.setattr(faults, "ENABLED", False)
+        for lease in leases:  # nothing committed: each end is there to be made again
+            assert (await get(store, lease.run_id)).status is RunStatus.RUNNING
+            await store.finish_run(lease, RunStatus.SUCCEEDED, '"x"', None, NOW + 1)
+            assert (await get(store, lease.run_id)).status is RunStatus.SUCCEEDED
     finally:
         await store.close()

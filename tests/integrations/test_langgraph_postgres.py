@@ -146,3 +146,37 @@ async def test_an_async_put_that_fails_leaves_none_of_its_rows_and_the_next_one_
         assert found is not None
         assert found.checkpoint["channel_values"]["notes"] == ["b"]
         assert [(w[1], w[2]) for w in found.pending_writes or ()] == [("notes", ["c"])]
+
+
+def test_a_write_the_driver_cannot_send_commits_none_of_its_rows(
+    saver: TetherSaver, url: str
+) -> None:
+    # A NUL byte fails on the client, after the rows before it were queued: psycopg still
+    # syncs the pipeline, which must not commit them.
+    base = {"configurable": {"thread_id": "t-nul", "checkpoint_ns": ""}}
+    metadata = {"source": "input", "step": -1}
+    stored = saver.put(base, a_checkpoint(["a"]), metadata, {"notes": "1", "draft": "1"})  # type: ignore[arg-type]
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        saver.put_writes(stored, [("a", 1), ("b", 2), ("c\x00", 3)], "task-1")
+    assert count(url, "writes", "t-nul") == 0
+    orphan = {"configurable": {"thread_id": "t-nul2", "checkpoint_ns": "", "checkpoint_id": "\x00"}}
+    with pytest.raises(psycopg.DataError, match="NUL"):
+        saver.put(orphan, a_checkpoint(["a"]), metadata, {"notes": "1", "draft": "1"})  # type: ignore[arg-type]
+    assert (count(url, "blobs", "t-nul2"), count(url, "checkpoints", "t-nul2")) == (0, 0)
+    pool = saver._db._sync_pool()  # type: ignore[attr-defined]
+    with pool.connection() as conn:
+        assert (conn.autocommit, conn.info.transaction_status) == (False, pq.TransactionStatus.IDLE)
+    saver.put_writes(stored, [("a", 1)], "task-2")
+    assert count(url, "writes", "t-nul") == 1
+
+
+async def test_an_async_write_the_driver_cannot_send_commits_none_of_its_rows(url: str) -> None:
+    async with TetherSaver.from_url(url) as saver:
+        base = {"configurable": {"thread_id": "t-anul", "checkpoint_ns": ""}}
+        metadata = {"source": "input", "step": -1}
+        stored = await saver.aput(base, a_checkpoint(["a"]), metadata, {"notes": "1"})  # type: ignore[arg-type]
+        with pytest.raises(psycopg.DataError, match="NUL"):
+            await saver.aput_writes(stored, [("a", 1), ("b\x00", 2)], "task-1")
+        assert count(url, "writes", "t-anul") == 0
+        await saver.aput_writes(stored, [("a", 1)], "task-2")
+        assert count(url, "writes", "t-anul") == 1

@@ -3,13 +3,12 @@ event loop for async ones, on the App's database and schema (`?schema=` in the U
 
 Each operation is one transaction on a pooled connection; the operation's encoding and decoding
 run off the event loop (`query.adrive`). A blind write (put, put_writes: it reads no result of
-its statements) is sent whole in one pipeline in autocommit: the server runs what precedes the
-pipeline's one Sync as one implicit transaction, all or nothing, in one round trip (a
-transaction block inside a psycopg pipeline would sync at BEGIN and COMMIT too). The first use
-creates the saver's tables (`sql/postgres/` migrations, recorded in tether_lg_migrations) under
-an advisory lock of their own, so processes starting together apply them once. Sync callers
-never touch an event loop, so calling them inside a running loop blocks it for the query's
-duration but cannot deadlock.
+its statements) is sent whole in one pipeline, BEGIN and COMMIT with it before its one Sync:
+one transaction, all or nothing, in one round trip (psycopg's transaction block inside a
+pipeline would sync at BEGIN and at COMMIT too). The first use creates the saver's tables
+(`sql/postgres/` migrations, recorded in tether_lg_migrations) under an advisory lock of their
+own, so processes starting together apply them once. Sync callers never touch an event loop,
+so calling them inside a running loop blocks it for the query's duration but cannot deadlock.
 """
 
 from __future__ import annotations
@@ -18,14 +17,16 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from functools import partial
 from typing import Any, TypeVar, cast
 
 import psycopg
+from psycopg import pq
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from tether.errors import StoreUnavailable
+from tether.store.drivers.postgres.statements import one_commit
 from tether.store.postgres import parse_postgres_url
 from tether.store.query import Op, Queries, Query, adrive, drive
 
@@ -160,9 +161,9 @@ class PostgresDatabase:
         if blind:
             result, queries = _statements_of(make)
             with self._sync_pool().connection() as conn, conn.cursor() as cursor:
-                conn.autocommit = True  # no BEGIN: the pipeline's one Sync commits it all
+                conn.autocommit = True  # BEGIN and COMMIT are sent in the pipeline
                 try:
-                    with conn.pipeline():
+                    with _one_commit(conn):
                         for query in queries:
                             _execute(cursor, self._queries, query, fetch=False)
                 finally:
@@ -181,7 +182,7 @@ class PostgresDatabase:
             async with pool.connection() as conn, conn.cursor() as cursor:
                 await conn.set_autocommit(True)
                 try:
-                    async with conn.pipeline():
+                    async with one_commit(conn):
                         for query in queries:
                             await _aexecute(cursor, self._queries, query, fetch=False)
                 finally:
@@ -190,6 +191,21 @@ class PostgresDatabase:
             return result
         async with pool.connection() as conn, conn.cursor() as cursor:
             return await adrive(make(), partial(_aexecute, cursor, self._queries), threads=True)
+
+
+@contextlib.contextmanager
+def _one_commit(conn: Conn) -> Iterator[None]:
+    """`one_commit` (tether.store.drivers.postgres.statements) for a sync connection."""
+    try:
+        with conn.pipeline():
+            conn.execute("BEGIN")
+            yield
+            conn.execute("COMMIT")
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            with contextlib.suppress(psycopg.Error):
+                conn.rollback()
+        raise
 
 
 def _statements_of(make: Callable[[], Op[T]]) -> tuple[T, list[Query]]:

@@ -20,7 +20,7 @@ import psycopg
 
 from tether import faults
 from tether.errors import StoreUnavailable
-from tether.store.drivers.postgres.statements import Conn, Primed, Statements, Tx
+from tether.store.drivers.postgres.statements import Conn, Primed, Statements, Tx, one_commit
 from tether.store.query import Conflict, Op, Query, prime
 
 T = TypeVar("T")
@@ -114,7 +114,14 @@ class GroupCommit:
             while self._queued:
                 batch = self._queued[:MAX_BATCH]
                 del self._queued[:MAX_BATCH]
-                await self._commit(batch)
+                try:
+                    await self._commit(batch)
+                except Exception as exc:  # an injected fault: the batch fails, never hangs
+                    self._fail(batch, exc)
+                except BaseException:
+                    for write in batch:
+                        write.future.cancel()
+                    raise
                 for write in batch:
                     if not write.future.done():
                         ok, value = write.outcome
@@ -242,10 +249,8 @@ class GroupCommit:
                 op.close()
 
     async def _carrying(self, conn: Conn, query: Query) -> Any:
-        """An `alone` statement and those it carries, sent together in one pipeline in
-        autocommit: the server runs what precedes a sync as one implicit transaction, so they
-        commit together, in one round trip."""
-        async with conn.pipeline():
+        """An `alone` statement and those it carries, committed together in one round trip."""
+        async with one_commit(conn):
             for carried in query.before:
                 await conn.execute(self._statements.queries.sql(carried), carried.params)
             cur = await conn.execute(self._statements.queries.sql(query), query.params)
@@ -325,33 +330,42 @@ class GroupCommit:
 
     async def _round(self, conn: Conn, queries: list[Query], *, carried: bool = False) -> list[Any]:
         """Each query's result, from one pipeline: statements of the same text in one
-        executemany (one result per parameter set), the groups side by side; with `carried`,
-        the statements a query carries go first, their results dropped. A query that may not
-        share the pipeline (guarded, many-row, notify, a dialect's empty one) gets _ALONE, for
-        the caller to run on its own (a savepoint cannot share it)."""
+        executemany (one result per parameter set), the groups side by side. With `carried`, a
+        query that carries statements is sent with them just before it, on its own: were they
+        grouped, another end of the same run could settle it in between, and what a failed end
+        carried would stay. A query that may not share the pipeline (guarded, many-row, notify,
+        a dialect's empty one) gets _ALONE, for the caller to run on its own (a savepoint
+        cannot share it)."""
         if not queries:
             return []
-        groups: dict[str, list[tuple[int, Query]]] = {}
-        if carried:
-            for query in queries:
-                for before in query.before:
-                    groups.setdefault(self._statements.queries.sql(before), []).append((-1, before))
+        sql_of = self._statements.queries.sql
+        groups: dict[str, list[int]] = {}
+        carrying: list[tuple[int, str]] = []
         for i, query in enumerate(queries):
             if sql := self._pipelined(query, carried=carried):
-                groups.setdefault(sql, []).append((i, query))
+                if query.before:
+                    carrying.append((i, sql))
+                else:
+                    groups.setdefault(sql, []).append(i)
         results: list[Any] = [_ALONE] * len(queries)
         async with conn.pipeline():
+            cursors = []
+            for i, sql in carrying:
+                for before in queries[i].before:
+                    await conn.execute(sql_of(before), before.params)
+                cursors.append((i, await conn.execute(sql, queries[i].params)))
             for sql, members in groups.items():
                 async with conn.cursor() as cursor:
-                    params = [query.params for _, query in members]
+                    params = [queries[i].params for i in members]
                     await cursor.executemany(sql, params, returning=True)
-                    for i, _ in members:
-                        if i >= 0:
-                            if cursor.description is None:
-                                results[i] = cursor.rowcount
-                            else:
-                                results[i] = await cursor.fetchall()
+                    for i in members:
+                        if cursor.description is None:
+                            results[i] = cursor.rowcount
+                        else:
+                            results[i] = await cursor.fetchall()
                         cursor.nextset()
+        for i, cur in cursors:
+            results[i] = cur.rowcount if cur.description is None else await cur.fetchall()
         return results
 
     def _pipelined(self, query: Query, *, carried: bool = False) -> str:

@@ -6,11 +6,13 @@ connection, begins or commits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import psycopg
+from psycopg import pq
 
 from tether.store.query import Conflict, Op, Queries, Query, adrive
 
@@ -79,3 +81,22 @@ class Statements:
     @staticmethod
     async def notify(conn: Conn) -> None:
         await conn.execute(f"NOTIFY {CHANNEL}")
+
+
+@asynccontextmanager
+async def one_commit(conn: Conn) -> AsyncIterator[None]:
+    """The statements queued inside, on an autocommit connection, as one transaction in one
+    round trip: BEGIN and COMMIT go in the pipeline with them, before its one Sync. (Not the
+    implicit transaction of a pipeline: psycopg sends the Sync when the block raises too, which
+    would commit what was queued before a client-side error, a parameter it cannot send.)
+    On any error the transaction is rolled back before the connection is used again."""
+    try:
+        async with conn.pipeline():
+            await conn.execute("BEGIN")
+            yield
+            await conn.execute("COMMIT")
+    except BaseException:
+        if not conn.closed and conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            with suppress(psycopg.Error):
+                await conn.rollback()
+        raise
