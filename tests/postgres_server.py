@@ -138,3 +138,17 @@ def postgres_server() -> Iterator[str | None]:
 
 def with_schema(url: str, schema: str) -> str:
     return f"{url}{'&' if '?' in url else '?'}schema={schema}"
+
+
+def execute_in(url: str, *statements: str) -> None:
+    """Run SQL statements (a test's triggers, say) in the schema of a Tether URL, committed."""
+    import psycopg
+
+    from tether.store.postgres import parse_postgres_url
+
+    conninfo, schema = parse_postgres_url(url)
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        if schema is not None:
+            conn.execute(f'SET search_path TO "{schema}"')
+        for statement in statements:
+            conn.execute(statement.encode())

@@ -11,6 +11,7 @@ import json
 import uuid
 from typing import Any
 
+import psycopg
 import pytest
 from tests.contract.test_approval_contract import approval, created, running
 from tests.contract.test_store_contract import (
@@ -24,10 +25,10 @@ from tests.contract.test_store_contract import (
     stored,
     wait_checkpoint,
 )
-from tests.postgres_server import with_schema
+from tests.postgres_server import execute_in, with_schema
 
 from tether import faults
-from tether.errors import LeaseLost
+from tether.errors import LeaseLost, StoreUnavailable
 from tether.store.keys import child_key
 from tether.store.port import CheckpointStatus, Lease, NewRun, RunStatus, Store
 from tether.store.postgres import PostgresStore
@@ -288,3 +289,101 @@ async def test_a_fault_raised_in_a_shared_commit_fails_its_writes_and_never_hang
             assert (await get(store, lease.run_id)).status is RunStatus.SUCCEEDED
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("carried_by", ["both", "the-loser"])
+async def test_two_ends_of_a_run_with_more_to_do_sharing_a_commit_leave_the_winners_only(
+    postgres_url: str, carried_by: str
+) -> None:
+    """Neither end is settled by its one statement (an approval to cancel): what the losing
+    end carried must go with it, as when the two come one after the other."""
+    store = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
+    await store.open()
+    try:
+        lease = await running(store, "r1")
+        await created(store, approval("p1", "r1"), NOW + 1)
+        a, b = checkpoint(0, "one", '"A"'), checkpoint(1, "two", '"B"')
+        outcomes = await asyncio.gather(
+            store.finish_run(lease, RunStatus.SUCCEEDED, '"A"', None, NOW + 2,
+                             checkpoints=[a] if carried_by == "both" else []),
+            store.finish_run(lease, RunStatus.SUCCEEDED, '"B"', None, NOW + 2, checkpoints=[b]),
+            return_exceptions=True,
+        )  # fmt: skip
+        winner = 0 if outcomes[0] is None else 1
+        assert isinstance(outcomes[1 - winner], LeaseLost)
+        won = [[stored(a, lease)] if carried_by == "both" else [], [stored(b, lease)]][winner]
+        assert await store.load_history("r1") == won
+        assert (await get(store, "r1")).result == ['"A"', '"B"'][winner]
+    finally:
+        await store.close()
+
+
+async def test_a_fault_in_the_one_by_one_retry_fails_that_write_only(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database error fails the shared transaction and each write is committed alone: a
+    fault in one of those fails it alone; the others keep their own outcomes."""
+    store = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
+    await store.open()
+    try:
+        leases = [await running(store, run_id) for run_id in ("r0", "r1", "nul")]
+        rules = faults._parse("store.before_commit@finish_run:r1=raise")
+        monkeypatch.setattr(faults, "_RULES", rules)
+        monkeypatch.setattr(faults, "ENABLED", True)
+        outcomes = await asyncio.wait_for(
+            asyncio.gather(
+                *(store.finish_run(lease, RunStatus.SUCCEEDED,
+                                   '"\x00"' if lease.run_id == "nul" else '"x"', None, NOW + 1)
+                  for lease in leases),
+                return_exceptions=True,
+            ),
+            timeout=20,
+        )  # fmt: skip
+        monkeypatch.setattr(faults, "ENABLED", False)
+        assert outcomes[0] is None
+        assert type(outcomes[1]).__name__ == "InjectedFault"
+        assert isinstance(outcomes[2], psycopg.DataError)
+        statuses = [(await get(store, lease.run_id)).status for lease in leases]
+        assert statuses == [RunStatus.SUCCEEDED, RunStatus.RUNNING, RunStatus.RUNNING]
+    finally:
+        await store.close()
+
+
+async def test_a_close_cut_short_strands_no_write(postgres_url: str) -> None:
+    """close() under a timeout while both committers are busy and more ends are queued: the
+    committers go on (their callers were not cancelled), every write gets its answer, and
+    the answers are the database's."""
+    url = with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}")
+    store = PostgresStore(url + "&pool_max=4")
+    await store.open()
+    execute_in(
+        url,
+        "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN PERFORM pg_sleep(0.5); RETURN NEW; END $$",
+        "CREATE TRIGGER slow BEFORE UPDATE ON tether_runs FOR EACH ROW "
+        "WHEN (NEW.id LIKE 'slow%' AND NEW.finished_at IS NOT NULL) EXECUTE FUNCTION slow()",
+    )
+    names = ["slow0", "slow1", "q0", "q1", "q2"]
+    leases = [await running(store, name) for name in names]
+    tasks = []
+    for lease in leases:
+        tasks.append(asyncio.create_task(
+            store.finish_run(lease, RunStatus.SUCCEEDED, '"x"', None, NOW + 1)
+        ))  # fmt: skip
+        await asyncio.sleep(0.05)  # slow0 and slow1 each taken by a committer; the rest queue
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(store.close(), 0.2)
+    await store.close()
+    _, pending = await asyncio.wait(tasks, timeout=10)
+    assert not pending
+    other = PostgresStore(url)
+    await other.open()
+    try:
+        for name, task in zip(names, tasks, strict=True):
+            status = (await get(other, name)).status
+            if task.exception() is None:
+                assert status is RunStatus.SUCCEEDED
+            else:
+                assert isinstance(task.exception(), StoreUnavailable)
+    finally:
+        await other.close()

@@ -17,7 +17,7 @@ pytest.importorskip("langgraph")
 import psycopg
 from langgraph.checkpoint.base import empty_checkpoint
 from psycopg import pq
-from tests.postgres_server import with_schema
+from tests.postgres_server import execute_in, with_schema
 
 from tether.integrations.langgraph import TetherSaver
 from tether.store.postgres import parse_postgres_url
@@ -43,17 +43,13 @@ def a_checkpoint(notes: list[str]) -> Any:
 
 def refuse_checkpoints_of(url: str, thread_id: str) -> None:
     """A trigger that fails the checkpoint row of `thread_id`: the last statement of a put."""
-    conninfo, schema = parse_postgres_url(url)
-    with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'SET search_path TO "{schema}"')
-        conn.execute(
-            "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
-            "$$ BEGIN RAISE EXCEPTION 'checkpoint refused by the test'; END $$"
-        )
-        conn.execute(
-            "CREATE TRIGGER refuse BEFORE INSERT ON tether_lg_checkpoints FOR EACH ROW "
-            f"WHEN (NEW.thread_id = '{thread_id}') EXECUTE FUNCTION refuse()"
-        )
+    execute_in(
+        url,
+        "CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+        "$$ BEGIN RAISE EXCEPTION 'checkpoint refused by the test'; END $$",
+        "CREATE TRIGGER refuse BEFORE INSERT ON tether_lg_checkpoints FOR EACH ROW "
+        f"WHEN (NEW.thread_id = '{thread_id}') EXECUTE FUNCTION refuse()",
+    )
 
 
 def count(url: str, table: str, thread_id: str) -> int:

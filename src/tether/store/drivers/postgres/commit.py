@@ -37,10 +37,25 @@ class _Write:
     label: str
     multi: bool  # several statements: a savepoint keeps it whole within a shared transaction
     future: asyncio.Future[Any]
-    outcome: tuple[bool, Any] = (False, None)
+    outcome: tuple[bool, Any] | None = None  # None: not decided (yet, or in this attempt)
+
+    def answer(self) -> tuple[bool, Any]:
+        if self.outcome is None:  # a commit interrupted before it decided this write
+            return False, StoreUnavailable("the write's commit was interrupted; it may have "
+                                           "committed: read it back")  # fmt: skip
+        return self.outcome
 
 
 _ALONE = object()  # in a lockstep round: a statement not sent in the pipeline
+
+
+def _resolve(write: _Write) -> None:
+    if not write.future.done():
+        ok, value = write.answer()
+        if ok:
+            write.future.set_result(value)
+        else:
+            write.future.set_exception(value)
 
 
 def _send(write: _Write, op: Op[Any], result: Any) -> Query | None:
@@ -74,9 +89,10 @@ class GroupCommit:
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def drain(self) -> None:
-        """Wait until every queued write has committed (or failed)."""
+        """Wait until every queued write has committed (or failed). Cancelling the wait
+        leaves the committers at work: their writes' callers are not the ones cancelled."""
         while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await asyncio.shield(asyncio.gather(*self._tasks, return_exceptions=True))
 
     async def write(self, make: Callable[[], Op[T]], *, label: str = "", multi: bool = True) -> T:
         """Commit the operation, with whatever other writes are queued meanwhile; answer after
@@ -94,7 +110,7 @@ class GroupCommit:
                 self._committers -= 1
                 if self._queued:
                     self._start(loop)
-            ok, value = write.outcome
+            ok, value = write.answer()
             if ok:
                 return value  # type: ignore[no-any-return]
             raise value
@@ -116,27 +132,30 @@ class GroupCommit:
                 del self._queued[:MAX_BATCH]
                 try:
                     await self._commit(batch)
-                except Exception as exc:  # an injected fault: the batch fails, never hangs
+                except Exception as exc:  # an injected fault: the attempt's writes fail
                     self._fail(batch, exc)
-                except BaseException:
-                    for write in batch:
-                        write.future.cancel()
+                except BaseException:  # cancelled mid-commit: nothing is known of the batch
+                    self._fail(batch, StoreUnavailable("the commit was interrupted; its "
+                                                       "writes may have committed"))  # fmt: skip
                     raise
-                for write in batch:
-                    if not write.future.done():
-                        ok, value = write.outcome
-                        if ok:
-                            write.future.set_result(value)
-                        else:
-                            write.future.set_exception(value)
+                finally:
+                    for write in batch:
+                        _resolve(write)
         finally:
             self._committers -= 1
+            if not self._committers:  # ended early: what is still queued would wait for ever
+                left, self._queued = self._queued, []
+                self._fail(left, StoreUnavailable("the PostgreSQL store stopped committing"))
+                for write in left:
+                    _resolve(write)
 
     async def _commit(self, batch: list[_Write]) -> None:
         """Commit `batch`, setting each write's outcome. A deadlock or serialization failure
         (nothing committed) runs it again; a statement error of one write fails the whole
         transaction, so each is then run alone and only the faulty one fails."""
         for attempt in range(1, RETRIES + 1):
+            for write in batch:  # what an attempt rolled back decided nothing
+                write.outcome = None
             try:
                 async with self._connection() as conn:  # StoreUnavailable once closed
                     await self._transaction(conn, batch)
@@ -154,7 +173,10 @@ class GroupCommit:
                     self._fail(batch, exc)
                     return
                 for write in batch:
-                    await self._commit([write])
+                    try:
+                        await self._commit([write])
+                    except Exception as exc:  # an injected fault fails this write alone
+                        write.outcome = (False, exc)
                 return
             except StoreUnavailable as exc:
                 self._fail(batch, exc)
@@ -291,12 +313,13 @@ class GroupCommit:
         self, conn: Conn, writes: list[_Write]
     ) -> list[tuple[_Write, Primed | None]]:
         """Several-statement writes sharing a transaction, whose operation opens with an
-        `alone` statement (a run's end): those statements, with what they carry, for all of
+        `alone` statement that carries nothing (a run's end): those statements for all of
         them in one pipelined round and without a savepoint, since each does its whole
-        operation or changes nothing but what the operation repeats. Returns the writes that go
-        on, each (in its savepoint) from the query it yields next, or from its first where it
-        opens otherwise; those settled here are done. A savepoint's round trips per write
-        (three or four) become one for the lot."""
+        operation or changes nothing. Returns the writes that go on, each (in its savepoint)
+        from the query it yields next, or from its first where it opens otherwise (an end
+        carrying checkpoints: run outside a savepoint, they would stay though the end fail);
+        those settled here are done. A savepoint's round trips per write (three or four)
+        become one for the lot."""
         going: list[tuple[_Write, Primed | None]] = []
         sent: list[tuple[_Write, Op[Any], Query]] = []
         try:
@@ -311,11 +334,11 @@ class GroupCommit:
                     continue
                 if first is None:
                     write.outcome = (True, value)
-                elif first.alone and self._pipelined(first, carried=True):
+                elif first.alone and self._pipelined(first):
                     sent.append((write, op, first))
                 else:
                     going.append((write, (op, first)))
-            results = await self._round(conn, [query for _, _, query in sent], carried=True)
+            results = await self._round(conn, [query for _, _, query in sent])
         except BaseException:
             for _, op, _ in sent:
                 op.close()
@@ -328,32 +351,19 @@ class GroupCommit:
                 going.append((write, (op, following)))
         return going  # those settled here are not driven again
 
-    async def _round(self, conn: Conn, queries: list[Query], *, carried: bool = False) -> list[Any]:
+    async def _round(self, conn: Conn, queries: list[Query]) -> list[Any]:
         """Each query's result, from one pipeline: statements of the same text in one
-        executemany (one result per parameter set), the groups side by side. With `carried`, a
-        query that carries statements is sent with them just before it, on its own: were they
-        grouped, another end of the same run could settle it in between, and what a failed end
-        carried would stay. A query that may not share the pipeline (guarded, many-row, notify,
-        a dialect's empty one) gets _ALONE, for the caller to run on its own (a savepoint
-        cannot share it)."""
+        executemany (one result per parameter set), the groups side by side. A query that may
+        not share the pipeline (guarded, many-row, carrying others, notify, a dialect's empty
+        one) gets _ALONE, for the caller to run on its own (a savepoint cannot share it)."""
         if not queries:
             return []
-        sql_of = self._statements.queries.sql
         groups: dict[str, list[int]] = {}
-        carrying: list[tuple[int, str]] = []
         for i, query in enumerate(queries):
-            if sql := self._pipelined(query, carried=carried):
-                if query.before:
-                    carrying.append((i, sql))
-                else:
-                    groups.setdefault(sql, []).append(i)
+            if sql := self._pipelined(query):
+                groups.setdefault(sql, []).append(i)
         results: list[Any] = [_ALONE] * len(queries)
         async with conn.pipeline():
-            cursors = []
-            for i, sql in carrying:
-                for before in queries[i].before:
-                    await conn.execute(sql_of(before), before.params)
-                cursors.append((i, await conn.execute(sql, queries[i].params)))
             for sql, members in groups.items():
                 async with conn.cursor() as cursor:
                     params = [queries[i].params for i in members]
@@ -364,16 +374,11 @@ class GroupCommit:
                         else:
                             results[i] = await cursor.fetchall()
                         cursor.nextset()
-        for i, cur in cursors:
-            results[i] = cur.rowcount if cur.description is None else await cur.fetchall()
         return results
 
-    def _pipelined(self, query: Query, *, carried: bool = False) -> str:
-        """The query's SQL if it may share the pipeline (with `carried`, carrying statements
-        that may share it too), else ""."""
-        if query.guard or query.many or query.name == "notify":
-            return ""
-        if query.before and not (carried and all(map(self._pipelined, query.before))):
+    def _pipelined(self, query: Query) -> str:
+        """The query's SQL if it may share the pipeline, else ""."""
+        if query.guard or query.many or query.before or query.name == "notify":
             return ""
         return self._statements.queries.sql(query)
 
