@@ -5,13 +5,14 @@ commits them in one transaction, each fenced by its own statements (one run's lo
 fails another's write: that operation alone is undone, by a savepoint when it has several
 statements), so many runs share one commit and one WAL flush. A write alone with one statement
 runs in autocommit: one round trip; so does an operation whose first statement may do it all
-(`alone`: a run's end) when that statement did. It knows nothing of runs, nor of the pool.
+(`alone`: a run's end) when that statement did, and in a shared transaction such statements go
+in one round for the lot. It knows nothing of runs, nor of the pool.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -221,7 +222,7 @@ class GroupCommit:
                     if singles:
                         await self._lockstep(conn, singles, tx)
                     multis = [w for w in batch if w.multi]
-                    going = [(w, primed) for w in multis]
+                    going: Sequence[tuple[_Write, Primed | None]] = [(w, primed) for w in multis]
                     if shared and multis:
                         going = await self._alone_round(conn, multis)
                     for write, taken in going:
@@ -309,9 +310,7 @@ class GroupCommit:
                     after.append((write, op, following))
             live = after
 
-    async def _alone_round(
-        self, conn: Conn, writes: list[_Write]
-    ) -> list[tuple[_Write, Primed | None]]:
+    async def _alone_round(self, conn: Conn, writes: list[_Write]) -> list[tuple[_Write, Primed]]:
         """Several-statement writes sharing a transaction, whose operation opens with an
         `alone` statement that carries nothing (a run's end): those statements for all of
         them in one pipelined round and without a savepoint, since each does its whole
@@ -320,7 +319,7 @@ class GroupCommit:
         carrying checkpoints: run outside a savepoint, they would stay though the end fail);
         those settled here are done. A savepoint's round trips per write (three or four)
         become one for the lot."""
-        going: list[tuple[_Write, Primed | None]] = []
+        going: list[tuple[_Write, Primed]] = []
         sent: list[tuple[_Write, Op[Any], Query]] = []
         try:
             for write in writes:
@@ -342,9 +341,8 @@ class GroupCommit:
         except BaseException:
             for _, op, _ in sent:
                 op.close()
-            for _, primed in going:
-                if primed is not None:
-                    primed[0].close()
+            for _, (taken, _) in going:
+                taken.close()
             raise
         for (write, op, _), result in zip(sent, results, strict=True):
             if (following := _send(write, op, result)) is not None:

@@ -1,7 +1,7 @@
 """Statements on one PostgreSQL connection: a named query's SQL executed (a guarded one in a
 savepoint, a notify kept for the transaction's end), and an operation of tether.store.ops driven
-through its queries. Reads, writes alone and the group commit share it; it never picks a
-connection, begins or commits.
+through its queries; `one_commit`, a transaction sent whole in one pipeline. Reads, writes alone
+and the group commit share it; it never picks a connection, and begins or commits only there.
 """
 
 from __future__ import annotations
