@@ -134,8 +134,11 @@ class Worker:
                 await asyncio.wait([body.ended for body in bodies], timeout=self.lease_duration / 3)
         if keepalive is not None:
             await keepalive.stop()
-        with contextlib.suppress(Exception):
+        try:
             await self.engine.store.release_worker(self.id, self.engine.clock.now())
+        except Exception as exc:
+            log.warning("worker %s could not give back its runs (%s); they wait for their "
+                        "leases to run out", self.id, exc)  # fmt: skip
 
     async def drain(self, timeout: float) -> None:
         """Up to `timeout` seconds (or until hurry()): claim nothing more, start nothing more
