@@ -233,7 +233,7 @@ async def test_business_rows_and_checkpoints_never_disagree_after_a_sigkill(
     for r in receiver.requests:
         bodies_by_key.setdefault(r.key, set()).add(json.dumps(r.body, sort_keys=True))
     assert set(bodies_by_key) == keys
-    assert all(len(b) == 1 for b in bodies_by_key.values())
+    assert all(len(b) == 1 for b in bodies_by_key.values()), bodies_by_key
     # A message is sent once, plus once per send whose outcome was unknown (a worker killed
     # after claiming it; the send itself may not have gone out).
     sends = Counter(receiver.keys())
