@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import TypeVar
 
@@ -21,6 +21,7 @@ from tether.redact import redact_text
 from tether.store.drivers.postgres import maintenance
 from tether.store.drivers.postgres.body import BodyFailed, call_body
 from tether.store.drivers.postgres.commit import GroupCommit
+from tether.store.drivers.postgres.held import Held
 from tether.store.drivers.postgres.options import postgres_options
 from tether.store.drivers.postgres.statements import CHANNEL, Conn, Statements, Tx
 from tether.store.port.maintenance import StorageSizes, WalState
@@ -61,7 +62,8 @@ class PostgresDriver:
         self._listening: asyncio.Task[None] | None = None
         self._changed = False
         self._own: set[int] = set()  # backend pids of the pool's connections
-        self.statements = Statements(queries)
+        self._held: Held | None = None  # the connection kept for writes, outside the pool
+        self.statements = Statements(queries, prepare=self.options.prepare_threshold is not None)
         self.commits = GroupCommit(self.statements, self._connection)
 
     # -- connections ------------------------------------------------------------------------
@@ -95,8 +97,21 @@ class PostgresDriver:
             shown = redact_text(self.url)
             raise StoreUnavailable(f"cannot open PostgreSQL database {shown!r}: {exc}") from exc
         self.pool, self._listener = pool, listener
+        self._held = Held(self._connect_held, pool.max_lifetime)
         if listener is not None:
             self._listening = asyncio.create_task(self._listen(listener))
+
+    async def _connect_held(self) -> Conn:
+        conn = await psycopg.AsyncConnection.connect(
+            self.options.conninfo, autocommit=True,
+            prepare_threshold=self.options.prepare_threshold,
+        )  # fmt: skip
+        try:
+            await self._configure(conn)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
 
     async def _listen(self, conn: Conn | None) -> None:
         # Short rounds: cancelling a task blocked inside notifies() can hang the connection,
@@ -158,6 +173,9 @@ class PostgresDriver:
     async def close(self) -> None:
         await self.commits.drain()  # queued writes commit first
         pool, self.pool = self.pool, None
+        held, self._held = self._held, None
+        if held is not None:
+            await held.close()
         if self._listening is not None:
             with contextlib.suppress(Exception):
                 await self._listening
@@ -184,7 +202,7 @@ class PostgresDriver:
             if self.pool is None:
                 raise self._closed()
             try:
-                async with self.pool.connection() as conn:
+                async with self._pooled() as conn:
                     if not multi:
                         return await self.statements.drive(conn, make, Tx())
                     async with conn.transaction():
@@ -209,7 +227,7 @@ class PostgresDriver:
             if self.pool is None:
                 raise self._closed()
             try:
-                async with self.pool.connection() as conn:
+                async with self._pooled() as conn:
                     if write:
                         faults.hit("store.before_write", label)
                     async with conn.transaction():
@@ -286,6 +304,23 @@ class PostgresDriver:
         return await self.commits.write(make, label=label, multi=multi)
 
     def _connection(self) -> AbstractAsyncContextManager[Conn]:
+        """The connection a commit takes: the held one when it is free, else a pooled one."""
         if self.pool is None:
             raise self._closed()
-        return self.pool.connection()
+        if self._held is not None and self._held.free:
+            return self._held
+        return self._pooled()
+
+    @contextlib.asynccontextmanager
+    async def _pooled(self) -> AsyncIterator[Conn]:
+        """A connection of the pool. A task cancelled while it waited for one is cancelled:
+        the pool's wait (asyncio.wait_for, on Python 3.11) can drop a cancellation that comes as
+        a connection does, and the task would go on as if nobody had asked it to stop."""
+        if self.pool is None:
+            raise self._closed()
+        task = asyncio.current_task()
+        asked = 0 if task is None else task.cancelling()
+        async with self.pool.connection() as conn:
+            if task is not None and task.cancelling() > asked:
+                raise asyncio.CancelledError
+            yield conn

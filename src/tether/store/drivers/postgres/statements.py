@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import pq
 
+from tether.store.drivers.postgres.direct import Direct
 from tether.store.query import Conflict, Op, Queries, Query, adrive
 
 T = TypeVar("T")
@@ -34,10 +35,12 @@ class Tx:
 
 
 class Statements:
-    """Runs the named queries of one dialect's SQL on a connection it is given."""
+    """Runs the named queries of one dialect's SQL on a connection it is given: a statement
+    alone outside any transaction straight through libpq (direct.py), the others by psycopg."""
 
-    def __init__(self, queries: Queries) -> None:
+    def __init__(self, queries: Queries, *, prepare: bool = True) -> None:
         self.queries = queries
+        self.direct = Direct(prepare=prepare)
 
     async def execute(self, conn: Conn, tx: Tx, query: Query) -> Any:
         if query.name == "notify":  # once per transaction, at its end
@@ -48,6 +51,13 @@ class Statements:
             return []
         for carried in query.before:
             await self.execute(conn, tx, carried)
+        if (
+            tx.pipeline is None
+            and not query.many
+            and not query.guard
+            and self.direct.takes(conn, query.params)
+        ):
+            return await self.direct.execute(conn, sql, query.params)
         if query.many:
             async with conn.cursor() as cursor:
                 await cursor.executemany(sql, query.params)
