@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from tether.store.ops.common import NOTIFY
 from tether.store.port import HeartbeatReply, Lease, WorkerInfo
-from tether.store.query import Op, Query, execute, one, select
+from tether.store.query import Op, Query, execute, select
 from tether.store.rows import worker_from_row, worker_params
 
 
@@ -33,13 +33,23 @@ def release_worker(worker_id: str, now: float) -> Op[list[str]]:
 def heartbeat(
     worker_id: str, leases: Sequence[Lease], lease_until: float, now: float
 ) -> Op[HeartbeatReply]:
-    lost, cancel = [], []
-    for lease in leases:
-        row = yield from one("extend_lease", run_id=lease.run_id, worker=worker_id,
-                             epoch=lease.epoch, lease_until=lease_until)  # fmt: skip
-        if row is None:
-            lost.append(lease.run_id)
-        elif row[0]:
-            cancel.append(lease.run_id)
+    epochs = {lease.run_id: lease.epoch for lease in leases}
+    held: dict[str, bool] = {}  # run id -> its cancellation was asked
+    if epochs:
+        # One statement for every lease. A run's row another transaction holds is skipped
+        # (PostgreSQL), not waited for: waiting with the rows extended so far locked could
+        # deadlock with that transaction, a commit of this worker's own writes.
+        rows = yield from select("extend_leases", worker=worker_id, lease_until=lease_until,
+                                 ids=list(epochs), epochs=list(epochs.values()))  # fmt: skip
+        held.update((row[0], bool(row[1])) for row in rows)
+        rest = [run_id for run_id in epochs if run_id not in held]
+        if rest:  # lost, or skipped: the row, as committed, tells which (no lock taken)
+            rows = yield from select("leases_held", worker=worker_id, ids=rest,
+                                     epochs=[epochs[run_id] for run_id in rest])  # fmt: skip
+            held.update((row[0], bool(row[1])) for row in rows)
     touched = yield from execute("touch_worker", id=worker_id, now=now)
-    return HeartbeatReply(lost=lost, cancel=cancel, unknown=touched == 0)
+    return HeartbeatReply(
+        lost=[lease.run_id for lease in leases if lease.run_id not in held],
+        cancel=[lease.run_id for lease in leases if held.get(lease.run_id)],
+        unknown=touched == 0,
+    )

@@ -252,10 +252,27 @@ SET status = 'dead', error = %(error)s, owner = NULL, lease_expires_at = NULL, w
     wake_on = NULL, cancel_requested = FALSE, finished_at = %(now)s, updated_at = %(now)s
 WHERE id = %(id)s;
 
--- name: extend_lease
-UPDATE tether_runs SET lease_expires_at = %(lease_until)s
-WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = %(epoch)s
-RETURNING cancel_requested;
+-- name: extend_leases
+-- The leases given (ids and epochs, two arrays alike) that the worker still holds, extended in
+-- one statement. A row another transaction holds locked is skipped, never waited for: a wait
+-- with the rows extended so far locked could deadlock with that transaction (a commit of the
+-- worker's checkpoints and ends); leases_held tells a skipped lease from a lost one.
+WITH held AS (
+    SELECT r.id FROM tether_runs r
+    JOIN unnest(%(ids)s::text[], %(epochs)s::integer[]) AS l (id, epoch)
+      ON r.id = l.id AND r.epoch = l.epoch
+    WHERE r.status = 'running' AND r.owner = %(worker)s
+    FOR NO KEY UPDATE OF r SKIP LOCKED)
+UPDATE tether_runs r SET lease_expires_at = %(lease_until)s
+FROM held WHERE r.id = held.id
+RETURNING r.id, r.cancel_requested;
+
+-- name: leases_held
+-- Of these leases, those the worker holds, as last committed (no lock taken).
+SELECT r.id, r.cancel_requested FROM tether_runs r
+JOIN unnest(%(ids)s::text[], %(epochs)s::integer[]) AS l (id, epoch)
+  ON r.id = l.id AND r.epoch = l.epoch
+WHERE r.status = 'running' AND r.owner = %(worker)s;
 
 -- name: cancel_unowned
 UPDATE tether_runs

@@ -223,10 +223,20 @@ SET status = 'dead', error = :error, owner = NULL, lease_expires_at = NULL, wake
     wake_on = NULL, cancel_requested = 0, finished_at = :now, updated_at = :now
 WHERE id = :id;
 
--- name: extend_lease
+-- name: extend_leases
+-- The leases given (ids and epochs, two JSON arrays alike) that the worker still holds,
+-- extended in one statement (the write lock is the file's: no row is ever skipped here).
 UPDATE tether_runs SET lease_expires_at = :lease_until
-WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch
-RETURNING cancel_requested;
+WHERE status = 'running' AND owner = :worker
+  AND (id, epoch) IN (SELECT i.value, e.value FROM json_each(:ids) i
+                      JOIN json_each(:epochs) e ON e.key = i.key)
+RETURNING id, cancel_requested;
+
+-- name: leases_held
+SELECT id, cancel_requested FROM tether_runs
+WHERE status = 'running' AND owner = :worker
+  AND (id, epoch) IN (SELECT i.value, e.value FROM json_each(:ids) i
+                      JOIN json_each(:epochs) e ON e.key = i.key);
 
 -- name: cancel_unowned
 UPDATE tether_runs
