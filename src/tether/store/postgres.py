@@ -28,11 +28,13 @@ class PostgresStore(SqlStore):
         min_size: int | None = None,
         max_size: int | None = None,
         listen: bool = True,
+        hold: bool = True,
     ) -> None:
         self.url = url
         self.driver = PostgresDriver(
-            url, _QUERIES, min_size=min_size, max_size=max_size, listen=listen
+            url, _QUERIES, min_size=min_size, max_size=max_size, listen=listen, hold=hold
         )
 
     def another(self) -> PostgresStore:
-        return PostgresStore(self.url, min_size=1, max_size=1, listen=False)
+        # A keepalive's handle: a heartbeat now and then needs no connection of its own.
+        return PostgresStore(self.url, min_size=1, max_size=1, listen=False, hold=False)

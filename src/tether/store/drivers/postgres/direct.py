@@ -1,9 +1,10 @@
 """Statements sent straight through libpq (psycopg.pq) on an idle autocommit connection: the
 hot path of a write alone (a checkpoint, a run's start and end) and of a read, without a
 cursor's machinery. Values are dumped and rows loaded by psycopg's own Transformer, results read
-by psycopg's own generator, errors raised as psycopg's classes: only sending the statement and
-waiting for its answer are Tether's. It never runs inside a transaction or a pipeline, never
-sends a statement without parameters (the simple protocol's), and knows nothing of runs.
+by psycopg's own generator, errors raised as psycopg's classes, a cancelled statement cancelled
+in the server as psycopg does: only sending the statement and waiting for its answer are
+Tether's. It never runs inside a transaction or a pipeline, never sends a statement without
+parameters (the simple protocol's), and knows nothing of runs.
 """
 
 from __future__ import annotations
@@ -26,18 +27,16 @@ from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
 Conn = psycopg.AsyncConnection[Any]
 Results = list[pq.abc.PGresult]
 
-# An answer is waited for on the spot when the event loop has nothing else to run: poll() on
-# the connection's socket for at most this long, before the wait goes to the loop. A round
-# trip to a server nearby takes about 0.1 ms; on the spot it costs a third of the CPU it costs
-# through the loop (no reader to register, no future, no turn of the loop). A connection whose
-# answer did not come in time (a lock wait, a server far away) waits by the loop for a while.
+# An answer is waited for on the spot when the event loop has nothing else to do: poll() on the
+# connection's socket for at most this long, before the wait goes to the loop. A round trip to
+# a server nearby takes about 0.1 ms; on the spot it costs a third of the CPU it costs through
+# the loop (no reader to register, no future, no turn of the loop). The loop's own selector is
+# polled with it, so a socket of anything else that becomes ready ends the wait on the spot at
+# once; a timer that comes due meanwhile waits at most this long. A connection whose answer did
+# not come in time (a lock wait, a server far away) waits by the loop for BY_THE_LOOP seconds.
 ON_THE_SPOT = 0.002
-BY_THE_LOOP = 1.0  # seconds a connection waits by the loop after an answer came late
-# Answers taken on the spot never let the loop turn, so sockets that became ready meanwhile
-# are not seen: once this long has passed since the loop last turned here, the next answer is
-# waited for by the loop (as psycopg's own wait yields after 5 ms busy).
-BUSY = 0.005
-DRAIN = 1.0  # seconds an interrupted statement's answer is awaited, to keep its connection
+BY_THE_LOOP = 1.0
+DRAIN = 1.0  # seconds a cancelled statement gets to be cancelled and answered, else closed
 MAX_PREPARED = 200  # statements prepared on one connection; more are sent unnamed
 
 _NAMES = itertools.count()  # prepared statements' names, unique in the process
@@ -45,6 +44,7 @@ _SESSION = "_tether_direct"  # the attribute of a connection that holds its _Ses
 _PLACEHOLDER = re.compile(r"%(?:\((\w+)\))?s|%%")
 _OK = (pq.ExecStatus.COMMAND_OK, pq.ExecStatus.TUPLES_OK)
 _IDLE = pq.TransactionStatus.IDLE
+_ACTIVE = pq.TransactionStatus.ACTIVE
 _OFF = pq.PipelineStatus.OFF
 # Deallocated behind our back (DISCARD ALL, a pooler's reset) or, after a fork, a name taken:
 # the statement never ran, so it is prepared again.
@@ -54,13 +54,17 @@ _STALE = (errors.InvalidSqlStatementName, errors.DuplicatePreparedStatement)
 @dataclass(frozen=True, slots=True)
 class Numbered:
     """A statement with psycopg's placeholders as PostgreSQL's ($1, $2...): `names` says which
-    value of a mapping goes where; None when its placeholders are positional (`%s`)."""
+    value of a mapping goes where, None when its placeholders are positional (`%s`), `count`
+    how many there are."""
 
     text: bytes
     names: tuple[str, ...] | None
+    count: int
 
     @classmethod
-    def of(cls, sql: str) -> Numbered:
+    def of(cls, sql: str) -> Numbered | None:
+        """The statement numbered; None when it has a placeholder of another kind (`%b`,
+        `%t`) or a stray `%`, which only psycopg's cursor reads as psycopg does."""
         names: list[str] = []
         count = 0
 
@@ -76,15 +80,27 @@ class Numbered:
                 names.append(name)
             return f"${names.index(name) + 1}"
 
+        if "%" in _PLACEHOLDER.sub("", sql):
+            return None
         text = _PLACEHOLDER.sub(number, sql)
         if names and count:
-            raise psycopg.ProgrammingError("a query mixes named and positional placeholders")
-        return cls(text.encode(), tuple(names) if names else None)
+            return None
+        return cls(text.encode(), tuple(names) if names else None, len(names) or count)
 
     def values(self, params: Mapping[str, Any] | Sequence[Any]) -> list[Any]:
+        """The parameters in placeholder order, refused as psycopg's cursor refuses them."""
         if self.names is None:
-            return list(params)
-        assert isinstance(params, Mapping)
+            if isinstance(params, Mapping | str | bytes):
+                raise psycopg.ProgrammingError("positional placeholders need a sequence")
+            values = list(params)
+            if len(values) != self.count:
+                raise psycopg.ProgrammingError(
+                    f"the query has {self.count} placeholders but {len(values)} parameters "
+                    f"were passed"
+                )
+            return values
+        if not isinstance(params, Mapping):
+            raise psycopg.ProgrammingError("named placeholders need a mapping")
         try:
             return [params[name] for name in self.names]
         except KeyError as missing:
@@ -94,14 +110,13 @@ class Numbered:
 @dataclass(slots=True)
 class _Session:
     """What one connection has of the direct path: a Transformer per statement (as a cursor
-    keeps one per query), the statements prepared on it, by their parameters' types, until when
-    its answers are waited for by the loop, and when the loop last turned while it waited."""
+    keeps one per query), the statements prepared on it, by their parameters' types, and until
+    when its answers are waited for by the loop."""
 
     encoding: str
     transformers: dict[bytes, abc.Transformer] = field(default_factory=dict)
     prepared: dict[tuple[bytes, tuple[int, ...]], bytes] = field(default_factory=dict)
     by_the_loop_until: float = 0.0
-    turned: float = field(default_factory=time.monotonic)
 
 
 class Direct:
@@ -110,24 +125,30 @@ class Direct:
 
     def __init__(self, *, prepare: bool) -> None:
         self.prepare = prepare
-        self._numbered: dict[str, Numbered] = {}
+        self._numbered: dict[str, Numbered | None] = {}
 
-    @staticmethod
-    def takes(conn: Conn, params: object) -> bool:
-        """Whether a statement with these parameters may go this way on `conn` now."""
+    def takes(self, conn: Conn, sql: str, params: object) -> bool:
+        """Whether this statement with these parameters may go this way on `conn` now."""
         pgconn = conn.pgconn
         return (
             bool(params)
             and conn.autocommit
             and pgconn.transaction_status == _IDLE
             and pgconn.pipeline_status == _OFF
+            and self._numbering(sql) is not None
         )
+
+    def _numbering(self, sql: str) -> Numbered | None:
+        try:
+            return self._numbered[sql]
+        except KeyError:
+            numbered = self._numbered[sql] = Numbered.of(sql)
+            return numbered
 
     async def execute(self, conn: Conn, sql: str, params: Mapping[str, Any] | Sequence[Any]) -> Any:
         """The statement's rows (a SELECT, a RETURNING) or the number of rows it changed."""
-        numbered = self._numbered.get(sql)
-        if numbered is None:
-            numbered = self._numbered[sql] = Numbered.of(sql)
+        numbered = self._numbering(sql)
+        assert numbered is not None, "a statement this way does not take"
         # Kept on the connection itself, so it goes with it (its Transformers refer to it).
         session: _Session | None = getattr(conn, _SESSION, None)
         if session is None:
@@ -140,25 +161,29 @@ class Direct:
         dumped = tx.dump_sequence(values, [PyFormat.AUTO] * len(values))
         pgconn = conn.pgconn
         key = (numbered.text, tx.types or ())
-        if not self.prepare or (
-            key not in session.prepared and len(session.prepared) >= MAX_PREPARED
-        ):
+        prepared = session.prepared
+        if not self.prepare or (key not in prepared and len(prepared) >= MAX_PREPARED):
             pgconn.send_query_params(
                 numbered.text, dumped, param_types=tx.types, param_formats=tx.formats
             )
             return _outcome(await answer(conn, session), tx, session)
         for attempt in (1, 2):
             try:
-                name = session.prepared.get(key)
+                name = prepared.get(key)
                 if name is None:
-                    name = f"_tether_{next(_NAMES)}".encode()
+                    # Known before its answer: prepared by a cancelled task, it is used (or,
+                    # never prepared, found stale) rather than left unknown in the server.
+                    name = prepared[key] = f"_tether_{next(_NAMES)}".encode()
                     pgconn.send_prepare(name, numbered.text, param_types=tx.types)
-                    _outcome(await answer(conn, session), tx, session)
-                    session.prepared[key] = name
+                    try:
+                        _outcome(await answer(conn, session), tx, session)
+                    except psycopg.Error:
+                        del prepared[key]
+                        raise
                 pgconn.send_query_prepared(name, dumped, param_formats=tx.formats)
                 return _outcome(await answer(conn, session), tx, session)
             except _STALE:
-                session.prepared.clear()
+                prepared.clear()
                 if attempt == 2:
                     raise
         raise AssertionError("unreachable")
@@ -175,92 +200,114 @@ def _outcome(results: Results, tx: abc.Transformer, session: _Session) -> Any:
         count = result.command_tuples
         return -1 if count is None else count
     tx.set_pgresult(result)
-    return tx.load_rows(0, result.ntuples, tuple)
+    try:
+        return tx.load_rows(0, result.ntuples, tuple)
+    finally:
+        tx.set_pgresult(None)  # the Transformer outlives the rows: it must not keep them
 
 
 async def answer(conn: Conn, session: _Session) -> Results:
     """Send what is queued on the connection and read every result of it, with psycopg's own
-    generator: on the spot while the event loop has nothing else to run, else by the loop.
-    Cancelled, it still reads the answer (the statement was sent: it runs, whatever happens
-    here) for up to DRAIN seconds, so the connection stays usable; else it closes it."""
+    generator: on the spot while the event loop has nothing else to do, else by the loop.
+    Cancelled, the statement is cancelled in the server and its answer read (DRAIN seconds at
+    most), as psycopg's own wait does, so the connection stays usable; else it is closed."""
     gen: Generator[int, int, Results] = generators.execute(conn.pgconn)
     fd = conn.pgconn.socket
     loop = asyncio.get_running_loop()
     wait = 0
     try:
         wait = next(gen)
-        now = time.monotonic()
-        if now - session.turned < BUSY and now >= session.by_the_loop_until and _idle(loop):
-            wait = _on_the_spot(gen, fd, wait)
-            session.by_the_loop_until = time.monotonic() + BY_THE_LOOP  # not answered in time
+        if time.monotonic() >= session.by_the_loop_until and (other := _idle(loop)) is not None:
+            wait, late = _on_the_spot(gen, fd, other, wait)
+            if late:
+                session.by_the_loop_until = time.monotonic() + BY_THE_LOOP
         while True:
-            ready = await _ready(loop, fd, wait)
-            session.turned = time.monotonic()
-            wait = gen.send(ready)
+            wait = gen.send(await _ready(loop, fd, wait))
     except StopIteration as done:
         results: Results = done.value
         return results
     except asyncio.CancelledError:
-        await _drain(conn, gen, fd, wait)
+        await _interrupted(conn, gen, fd, wait)
         raise
     except BaseException:
-        if conn.pgconn.transaction_status == pq.TransactionStatus.ACTIVE:
+        if conn.pgconn.transaction_status == _ACTIVE:
             await conn.close()  # interrupted in the middle (Ctrl-C): its state is unknown
         raise
     finally:
         gen.close()
 
 
-async def _drain(conn: Conn, gen: Generator[int, int, Results], fd: int, wait: int) -> None:
-    """Read the rest of an interrupted statement's answer, or close its connection."""
+async def _interrupted(conn: Conn, gen: Generator[int, int, Results], fd: int, wait: int) -> None:
+    """A statement sent, its task cancelled: cancel it in the server and read its answer, or
+    close its connection."""
     loop = asyncio.get_running_loop()
-    try:
+    with contextlib.suppress(Exception, asyncio.CancelledError):  # no answer: closed below
         async with asyncio.timeout(DRAIN):
+            await conn.cancel_safe(timeout=DRAIN)
             while wait:
-                wait = gen.send(await _ready(loop, fd, wait))
-    except StopIteration:
-        return
-    except BaseException:  # noqa: S110 - whatever stopped the drain, the connection goes
-        pass
-    with contextlib.suppress(Exception):
+                wait = _step(gen, await _ready(loop, fd, wait))
+    if wait:
         await conn.close()
 
 
-def _on_the_spot(gen: Generator[int, int, Results], fd: int, wait: int) -> int:
-    """Drive `gen` with poll() on its socket for at most ON_THE_SPOT: what it waits for then
-    (StopIteration once it ended)."""
+def _step(gen: Generator[int, int, Results], ready: int) -> int:
+    """What `gen` waits for next, 0 once it ended."""
+    try:
+        return gen.send(ready)
+    except StopIteration:
+        return 0
+
+
+def _on_the_spot(
+    gen: Generator[int, int, Results], fd: int, other: int, wait: int
+) -> tuple[int, bool]:
+    """Drive `gen` with poll() on its socket, and on `other` (the loop's selector: readable
+    once any socket the loop waits on is), for at most ON_THE_SPOT: what it waits for then
+    (StopIteration once it ended), and whether the answer came late."""
     poller = select.poll()
     asked = _mask(wait)
     poller.register(fd, asked)
+    poller.register(other, select.POLLIN)
     deadline = time.monotonic() + ON_THE_SPOT
     while (left := deadline - time.monotonic()) > 0:
-        events = poller.poll(left * 1000)
-        if not events:
+        ready = 0
+        for got_fd, got in poller.poll(left * 1000):
+            if got_fd != fd:
+                return wait, False  # something else is ready: the loop takes over
+            # An error or a hang-up is told as readable: libpq then reads it, psycopg raises.
+            if got & (select.POLLIN | select.POLLERR | select.POLLHUP):
+                ready |= READY_R
+            if got & select.POLLOUT:
+                ready |= READY_W
+        if not ready:
             break
-        got = events[0][1]
-        # An error or a hang-up is told as readable: libpq then reads it, psycopg raises it.
-        ready = READY_R if got & (select.POLLIN | select.POLLERR | select.POLLHUP) else 0
-        wait = gen.send(ready | (READY_W if got & select.POLLOUT else 0))
+        wait = gen.send(ready)
         if _mask(wait) != asked:
             asked = _mask(wait)
             poller.modify(fd, asked)
-    return wait
+    return wait, True
 
 
 def _mask(wait: int) -> int:
     return (select.POLLIN if wait & WAIT_R else 0) | (select.POLLOUT if wait & WAIT_W else 0)
 
 
-def _idle(loop: asyncio.AbstractEventLoop) -> bool:
-    """Whether nothing else would run in this turn of the loop: no callback ready but
-    cancelled ones (CPython's private ready queue; another loop counts as busy) and no timer
-    due already. A timer or a socket that comes due meanwhile waits at most ON_THE_SPOT, as it
-    would behind any callback that long."""
+def _idle(loop: asyncio.AbstractEventLoop) -> int | None:
+    """The file descriptor of the loop's selector when nothing else would run in this turn of
+    the loop (no callback ready but cancelled ones, no timer due), else None. CPython's private
+    ready queue, timers and selector: another loop, or a selector without a descriptor of its
+    own, counts as busy."""
     ready = getattr(loop, "_ready", None)
     if ready is None or (ready and not all(handle.cancelled() for handle in ready)):
-        return False
+        return None
     scheduled = getattr(loop, "_scheduled", None)
-    return not scheduled or scheduled[0].when() > loop.time()
+    if scheduled and scheduled[0].when() <= loop.time():
+        return None
+    try:
+        other: int = loop._selector.fileno()  # type: ignore[attr-defined]
+    except (AttributeError, NotImplementedError):
+        return None
+    return other
 
 
 async def _ready(loop: asyncio.AbstractEventLoop, fd: int, wait: int) -> int:

@@ -51,12 +51,14 @@ class PostgresDriver:
         min_size: int | None = None,
         max_size: int | None = None,
         listen: bool = True,
+        hold: bool = True,
     ) -> None:
         self.url = url
         self.options = postgres_options(url)
         self.queries = queries
         self._sizes = (min_size or self.options.pool_min, max_size or self.options.pool_max)
         self._listens = listen
+        self._holds = hold  # a connection kept for writes (a keepalive's handle needs none)
         self.pool: AsyncConnectionPool[Conn] | None = None
         self._listener: Conn | None = None
         self._listening: asyncio.Task[None] | None = None
@@ -97,7 +99,8 @@ class PostgresDriver:
             shown = redact_text(self.url)
             raise StoreUnavailable(f"cannot open PostgreSQL database {shown!r}: {exc}") from exc
         self.pool, self._listener = pool, listener
-        self._held = Held(self._connect_held, pool.max_lifetime)
+        if self._holds:
+            self._held = Held(self._connect_held, pool.max_lifetime)
         if listener is not None:
             self._listening = asyncio.create_task(self._listen(listener))
 

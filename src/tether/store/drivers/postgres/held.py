@@ -79,13 +79,13 @@ class Held:
     ) -> None:
         self._busy = False
         conn = self._conn
-        assert conn is not None
-        # Anything but an idle connection after a use that ended well (a statement still in
-        # flight after a cancellation, a transaction left open, a broken socket) is closed:
-        # its state is not worth finding out.
+        if conn is None:
+            return
+        # A connection not idle after its use (a statement still in flight, a transaction
+        # left open, a broken socket) is closed: its state is not worth finding out. One that
+        # is idle stays, whatever its user met (a lost lease, a deadlock to retry).
         if (
-            kind is not None
-            or self._closed
+            self._closed
             or conn.closed
             or conn.pgconn.transaction_status != pq.TransactionStatus.IDLE
             or time.monotonic() - self._since > self._max_lifetime
@@ -94,11 +94,15 @@ class Held:
             await conn.close()
 
     async def close(self) -> None:
-        """Close it (after its user is done with it: the driver drains its writes first)."""
+        """Close it; one lent now is closed when its user gives it back (a write alone in its
+        caller's task, which the driver's drain does not wait for, must not lose its socket
+        in the middle of its statement)."""
         self._closed = True
         opening = self._opening
         if opening is not None:
             await asyncio.gather(opening, return_exceptions=True)
+        if self._busy:
+            return
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.close()

@@ -55,7 +55,7 @@ class Statements:
             tx.pipeline is None
             and not query.many
             and not query.guard
-            and self.direct.takes(conn, query.params)
+            and self.direct.takes(conn, sql, query.params)
         ):
             return await self.direct.execute(conn, sql, query.params)
         if query.many:
