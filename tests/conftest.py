@@ -108,6 +108,25 @@ def _no_stored_credential(
     monkeypatch.delenv("TETHER_TOKEN", raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _fence_fails_the_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A worker in the test's own process whose fence acts (keepalive.Fence: leases running
+    out under an at-most-once body) would end the test process, and with it every test that
+    process had left, silently under pytest-xdist ("node down"). Here it fails the test that
+    let it happen instead, saying so; tests of the fence itself patch `_exit` again, and
+    worker processes a test starts end for real."""
+    from tether.core import keepalive
+
+    fired: list[str] = []
+    monkeypatch.setattr(keepalive, "_exit", lambda: fired.append("fence"))
+    yield
+    if fired:
+        pytest.fail(
+            "a worker of this test's process was fail-stopped by its fence (its leases ran "
+            "out while an at-most-once step body ran): see the CRITICAL log line above"
+        )
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A PostgreSQL database for the session: $TETHER_TEST_POSTGRES_URL, or a cluster started

@@ -864,7 +864,9 @@ async def test_a_run_that_timed_out_resumes_with_its_timeout_counted_from_the_re
         await asyncio.sleep(pause)
         return "done"
 
-    @app.workflow(timeout=timedelta(milliseconds=300))
+    # Long enough for the resume below, a close and an open to fit in it on a loaded machine
+    # (it counts from the resume); 300 ms did not always.
+    @app.workflow(timeout=timedelta(milliseconds=1500))
     async def flow() -> str:
         return await slow()
 

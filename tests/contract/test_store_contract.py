@@ -310,6 +310,22 @@ async def test_write_checkpoint_replaces_at_the_same_seq_and_history_is_ordered_
     assert (await get(store, "r1")).updated_at == claimed_at
 
 
+async def test_load_histories_gives_each_runs_history_as_load_history_does(store: Store) -> None:
+    for run_id in ("a", "b", "empty"):
+        await store.create_run(new(run_id), NOW)
+    leases = {r.id: lease_of(r) for r in await store.claim_runs("w1", [WF], NOW, NOW + LEASE, 3)}
+    for seq in (2, 0, 1):  # written out of order: read back by seq
+        await store.write_checkpoint(leases["a"], checkpoint(seq, f"a{seq}"), NOW + 1)
+    await store.write_checkpoint(leases["b"], checkpoint(0, "b0", '{"big": "' + "x" * 5000 + '"}'),
+                                 NOW + 1)  # fmt: skip
+    histories = await store.load_histories(["a", "b", "empty", "unknown"])
+    assert histories == {"a": await store.load_history("a"), "b": await store.load_history("b")}
+    assert [c.seq for c in histories["a"]] == [0, 1, 2]
+    assert await store.load_histories([]) == {}
+    # Ids are values, never SQL.
+    assert await store.load_histories(["a'); DROP TABLE tether_runs; --", "é ✓"]) == {}
+
+
 async def test_checkpoints_keep_every_field_including_errors_and_retry_time(
     store: Store,
 ) -> None:

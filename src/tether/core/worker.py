@@ -32,6 +32,7 @@ log = logging.getLogger("tether.worker")
 # How often an idle worker asks the database whether another process wrote (cheap on SQLite):
 # the bound on how late a cross-process wake-up arrives.
 CHANGE_POLL = 0.01
+HISTORIES = 100  # claimed runs whose histories one read loads (a bound on what it holds)
 # How often a draining worker looks for runs that reached a point where nothing of theirs is
 # in flight (their executions are told at once; this catches those that started meanwhile).
 DRAIN_LOOK = 0.05
@@ -305,11 +306,16 @@ class Worker:
                 capacity = self.capacity()
                 if capacity > 0 and names:
                     now = clock.now()
-                    for record in await store.claim_runs(
+                    claimed = await store.claim_runs(
                         self.id, names, now, now + self.lease_duration, capacity, engine.queues,
                         version=self.version, live_since=self.live_since(now),
-                    ):  # fmt: skip
-                        self.launch(record)
+                    )  # fmt: skip
+                    # Their histories in a read per HISTORIES runs, not one read per run.
+                    for at in range(0, len(claimed), HISTORIES):
+                        some = claimed[at : at + HISTORIES]
+                        histories = await store.load_histories([r.id for r in some])
+                        for record in some:
+                            self.launch(record, histories.get(record.id, []))
                 wake_at = None
                 if names:
                     wake_at = await store.next_wake_at(

@@ -293,6 +293,9 @@ class SqlStore:
     async def load_history(self, run_id: str) -> list[Checkpoint]:
         return await self.driver.read(lambda: checkpoints.load_history(run_id))
 
+    async def load_histories(self, run_ids: Sequence[str]) -> dict[str, list[Checkpoint]]:
+        return await self.driver.read(lambda: checkpoints.load_histories(run_ids))
+
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
         cp = checkpoint
         label = f"write_checkpoint:{cp.name}:{cp.status.value}" if faults.ENABLED else ""

@@ -1,4 +1,5 @@
-"""The operations on a run's history: load it, write one checkpoint (the hot path).
+"""The operations on a run's history: load it (or those of many runs at once), write one
+checkpoint (the hot path).
 
 Written once for both SQL dialects; the upsert is fenced in its own statement (no row unless
 the lease is held) and bound by position (rows.CHECKPOINT_PARAMS). It must not touch a
@@ -6,6 +7,8 @@ connection or a driver.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from tether.store.ops.common import lease_lost
 from tether.store.port import Checkpoint, Lease
@@ -16,6 +19,14 @@ from tether.store.rows import checkpoint_from_row, checkpoint_values
 def load_history(run_id: str) -> Op[list[Checkpoint]]:
     rows = yield from select("load_history", run_id=run_id)
     return [checkpoint_from_row(r) for r in rows]
+
+
+def load_histories(run_ids: Sequence[str]) -> Op[dict[str, list[Checkpoint]]]:
+    histories: dict[str, list[Checkpoint]] = {}
+    if run_ids:
+        for row in (yield from select("load_histories", run_ids=list(run_ids))):
+            histories.setdefault(row[0], []).append(checkpoint_from_row(row[1:]))
+    return histories
 
 
 def write_checkpoint(lease: Lease, checkpoint: Checkpoint, result: str | None) -> Op[None]:

@@ -305,6 +305,10 @@ class CorePort(Protocol):
     async def load_history(self, run_id: str) -> list[Checkpoint]:
         """The run's checkpoints, ordered by seq, each with its position and arguments."""
 
+    async def load_histories(self, run_ids: Sequence[str]) -> dict[str, list[Checkpoint]]:
+        """load_history of each of these runs in one read (a run without checkpoints, or
+        unknown, is absent): what a worker that claimed them needs before executing them."""
+
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
         """Insert or replace the checkpoint at (run, seq); the run row is left as it is (this
         is the hot path: one row). Raises LeaseLost if the lease is not held. Durable when this

@@ -156,6 +156,10 @@ FOR UPDATE;
 -- name: load_history
 SELECT {checkpoint_columns} FROM tether_checkpoints WHERE run_id = %(run_id)s ORDER BY seq;
 
+-- name: load_histories
+SELECT run_id, {checkpoint_columns} FROM tether_checkpoints
+WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY run_id, seq;
+
 -- name: upsert_checkpoint
 -- The hot path: fenced in the same statement (no row unless the lease is held; the run's row is
 -- share-locked, so a claim that would move it waits for this commit and one that moved it first

@@ -150,6 +150,10 @@ SELECT min(t) FROM (
 -- name: load_history
 SELECT {checkpoint_columns} FROM tether_checkpoints WHERE run_id = :run_id ORDER BY seq;
 
+-- name: load_histories
+SELECT run_id, {checkpoint_columns} FROM tether_checkpoints
+WHERE run_id IN (SELECT value FROM json_each(:run_ids)) ORDER BY run_id, seq;
+
 -- name: upsert_checkpoint
 -- The hot path: fenced in the same statement (no row unless the lease is held), and bound by
 -- position (?1..?15, rows.CHECKPOINT_PARAMS), which SQLite binds markedly faster than names.
