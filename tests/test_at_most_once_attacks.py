@@ -136,7 +136,10 @@ class Knobs:
 
     heartbeats_fail: bool = False  # the keepalive's heartbeats do not get through
     marker_ack_delay: float = 0.0  # the answer to a start marker's write comes late
-    fail_completed: float = 0.0  # COMPLETED writes fail until this monotonic time
+    # COMPLETED writes fail for this long from the first one (the outage begins as the first
+    # outcome is written, however long the worker took to get there)
+    fail_completed_for: float = 0.0
+    fail_completed_until: float | None = None
     completed_ack_lost: int = 0  # COMPLETED writes that commit but whose answer is lost
 
 
@@ -155,8 +158,13 @@ class FlakyStore(SqliteStore):
 
     async def write_checkpoint(self, lease: Lease, checkpoint: Checkpoint, now: float) -> None:
         knobs, status = self.knobs, checkpoint.status
-        if status is CheckpointStatus.COMPLETED and time.monotonic() < knobs.fail_completed:
-            raise tether.StoreUnavailable("the database went away before the outcome was written")
+        if status is CheckpointStatus.COMPLETED and knobs.fail_completed_for:
+            if knobs.fail_completed_until is None:
+                knobs.fail_completed_until = time.monotonic() + knobs.fail_completed_for
+            if time.monotonic() < knobs.fail_completed_until:
+                raise tether.StoreUnavailable(
+                    "the database went away before the outcome was written"
+                )
         await super().write_checkpoint(lease, checkpoint, now)
         if status is CheckpointStatus.COMPLETED and knobs.completed_ack_lost > 0:
             knobs.completed_ack_lost -= 1
@@ -516,7 +524,7 @@ async def test_a_failed_write_of_the_outcome_is_reconciled_not_run_again(
     a = worker_app(db, knobs, store_outage=0.2)
     register_pay(a, ledger, "A", kind, a_waits=False)
     if fault == "outage":  # longer than store_outage: the run is abandoned, resumed later
-        knobs.fail_completed = time.monotonic() + 0.6
+        knobs.fail_completed_for = 0.6
     else:
         knobs.completed_ack_lost = 1
     async with a:
