@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
@@ -212,6 +213,30 @@ async def test_a_redirect_error_says_what_happened_and_what_to_do(receiver: Rece
                                   retryable_4xx=())  # fmt: skip
     assert caught.value.status == 301
     assert "point the destination at the final URL" in str(caught.value)
+
+
+def test_the_receiver_applies_no_request_whose_sender_died_before_its_whole_body() -> None:
+    """The crash tests kill senders mid-send: headers without their body must not be taken for
+    a delivery (it was once recorded and applied as a None body under the message's key)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    with Receiver() as r:
+        where = urlsplit(r.url)
+        for cut_after in (b"", b'{"order": '):  # its headers alone, then part of its body
+            with socket.create_connection((where.hostname, where.port)) as s:
+                s.sendall(b"POST /cut HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\n"
+                          b"Content-Length: 40\r\n\r\n" + cut_after)  # fmt: skip
+        with socket.create_connection((where.hostname, where.port)) as s:
+            s.sendall(b"POST /whole HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k2\r\n"
+                      b"Content-Length: 2\r\n\r\n{}")  # fmt: skip
+            s.recv(1024)  # answered: the request was handled
+        deadline = time.monotonic() + 5
+        while len(r.broken) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert r.broken == ["/cut", "/cut"]
+        assert [(d.path, d.key, d.body) for d in r.requests] == [("/whole", "k2", {})]
+        assert r.applied == {"k2": {}}
 
 
 @pytest.fixture

@@ -34,6 +34,7 @@ class Receiver:
     def __init__(self, secret: str | None = None) -> None:
         self.secret = secret
         self.requests: list[Delivery] = []
+        self.broken: list[str] = []  # paths of requests cut off before their whole body came
         self.applied: dict[str, Any] = {}  # idempotency key -> the body applied, once
         self.plan: list[int] = []  # statuses for the next requests (then 200)
         self.hold_paths: set[str] = set()  # the first request to each of these is never answered
@@ -67,7 +68,14 @@ class Receiver:
         self._thread.join(5)
 
     def _handle(self, handler: http.server.BaseHTTPRequestHandler) -> None:
-        raw = handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
+        length = int(handler.headers.get("Content-Length", 0))
+        raw = handler.rfile.read(length)
+        if len(raw) < length:
+            # The sender died in the middle of its request (headers and body go in separate
+            # writes): no HTTP server hands an incomplete body to its application.
+            with self._lock:
+                self.broken.append(handler.path)
+            return
         signed = False
         if self.secret is not None:
             with contextlib.suppress(Exception):
