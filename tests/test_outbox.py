@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from tests.crash.receiver import Receiver
@@ -218,9 +220,6 @@ async def test_a_redirect_error_says_what_happened_and_what_to_do(receiver: Rece
 def test_the_receiver_applies_no_request_whose_sender_died_before_its_whole_body() -> None:
     """The crash tests kill senders mid-send: headers without their body must not be taken for
     a delivery (it was once recorded and applied as a None body under the message's key)."""
-    import socket
-    from urllib.parse import urlsplit
-
     with Receiver() as r:
         where = urlsplit(r.url)
         for cut_after in (b"", b'{"order": '):  # its headers alone, then part of its body
