@@ -12,6 +12,7 @@ in one round for the lot. It knows nothing of runs, nor of the pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ class _Write:
     multi: bool  # several statements: a savepoint keeps it whole within a shared transaction
     future: asyncio.Future[Any]
     outcome: tuple[bool, Any] | None = None  # None: not decided (yet, or in this attempt)
+    resolved: bool = False  # its transaction is over: the outcome is final
+    landed: asyncio.Future[None] | None = None  # set once resolved, for a cancelled caller
 
     def answer(self) -> tuple[bool, Any]:
         if self.outcome is None:  # a commit interrupted before it decided this write
@@ -51,12 +54,15 @@ _ALONE = object()  # in a lockstep round: a statement not sent in the pipeline
 
 
 def _resolve(write: _Write) -> None:
+    write.resolved = True
     if not write.future.done():
         ok, value = write.answer()
         if ok:
             write.future.set_result(value)
         else:
             write.future.set_exception(value)
+    if write.landed is not None and not write.landed.done():
+        write.landed.set_result(None)
 
 
 def _send(write: _Write, op: Op[Any], result: Any) -> Query | None:
@@ -118,7 +124,30 @@ class GroupCommit:
         self._queued.append(write)
         if self._committers < COMMITTERS:
             self._start(loop)
-        return await write.future  # type: ignore[no-any-return]
+        try:
+            return await write.future  # type: ignore[no-any-return]
+        except asyncio.CancelledError:
+            await self._settle_cancelled(write)
+            raise
+
+    async def _settle_cancelled(self, write: _Write) -> None:
+        """The caller of `write` was cancelled. Still queued, the write is withdrawn: it never
+        commits. Taken into a transaction already, it is waited for (its outcome dropped), so
+        that the caller's cancellation ends only once the write has landed or failed, as a
+        statement cancelled on its connection does: a write its caller gave up on must never
+        commit after what that caller does next (a stopping worker's late claim committed
+        after its release would keep the run leased to a worker that is gone)."""
+        if write in self._queued:
+            self._queued.remove(write)
+            return
+        if write.resolved:
+            return
+        # The caller's own future went with its cancellation: another tells when it lands.
+        landed = write.landed = asyncio.get_running_loop().create_future()
+        while not landed.done():
+            # A cancellation meanwhile does not cut the wait short: the first is raised after.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(landed)
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._committers += 1
