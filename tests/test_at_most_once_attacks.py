@@ -453,7 +453,10 @@ async def test_the_next_worker_does_not_run_again_a_sync_body_that_outlasted_a_s
 ) -> None:
     ledger = Ledger()
     db = tmp_path / "t.db"
-    a = worker_app(db, shutdown_grace=0.1)
+    # A's leases are kept by its lingering keepalive for the 3 s its body runs on: a lease of
+    # 3 s, so that a heartbeat slowed past a second on a loaded machine (measured: 1.46 s, the
+    # SQLite file busy) does not end A by its fence, which this test is not about.
+    a = worker_app(db, shutdown_grace=0.1, lease_duration=3.0)
     register_pay(a, ledger, "A", "sync")
     async with a:
         await a.start("pay", 7, id="p")

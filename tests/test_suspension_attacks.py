@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import tether
-from tether.store.port import RunStatus
+from tether.store.port import RunRecord, RunStatus
 
 MakeApp = Callable[..., tether.App]
 # Two of the suite's modes: PostgreSQL, and forced replay on SQLite (which runs every first
@@ -697,7 +697,7 @@ async def test_a_retry_delay_past_the_hold_beside_an_event_wait(make_app: MakeAp
     app = make_app()
     ran: Counter[str] = Counter()
 
-    @app.step(retry=tether.Retry(max_attempts=3, initial_delay=timedelta(milliseconds=250),
+    @app.step(retry=tether.Retry(max_attempts=3, initial_delay=timedelta(seconds=1),
                                  jitter=0.0))  # fmt: skip
     async def flaky() -> str:
         ran["flaky"] += 1
@@ -711,11 +711,22 @@ async def test_a_retry_delay_past_the_hold_beside_an_event_wait(make_app: MakeAp
 
     async with app:
         handle = await app.start(flow, id="r")
-        await until_status(handle, RunStatus.WAITING)
-        run = await app.engine.store.get_run("r")
-        assert run is not None
-        assert run.wake_on == ("e",)
-        assert run.wake_at is not None
+        first: list[RunRecord] = []  # the run as it waits, read before the second attempt
+
+        async def waiting() -> bool:
+            run = await app.engine.store.get_run("r")
+            if run is None or run.status is not RunStatus.WAITING:
+                return False
+            if ran["flaky"] == 1:  # counted after the read: the record predates the retry
+                first.append(run)
+            return True
+
+        await until(waiting, "the run waiting")
+        # Read before the second attempt began, it waits for both: the event and the retry's
+        # time. (A machine stalled for the retry's whole delay of 1 s reads it only after:
+        # then that moment is gone, and the rest of the test still checks the outcome.)
+        for run in first:
+            assert (run.wake_on, run.wake_at is not None) == (("e",), True)
         # the retry runs while the event wait still waits
         await until(lambda: _true(ran["flaky"] == 2), "the second attempt")
         await until_status(handle, RunStatus.WAITING)
