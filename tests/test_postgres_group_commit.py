@@ -15,6 +15,7 @@ import pytest
 from tests.contract.test_store_contract import LEASE, NOW, WF, checkpoint, lease_of, new
 from tests.postgres_server import with_schema
 
+from tether.store.drivers.postgres import commit
 from tether.store.postgres import PostgresStore, parse_postgres_url
 
 
@@ -46,21 +47,36 @@ async def committers_busy(store: PostgresStore, count: int) -> None:
     raise AssertionError("the writes were never taken into transactions")
 
 
+async def checkpoints_of(store: PostgresStore, run_id: str) -> list[int]:
+    return [c.seq for c in await store.load_history(run_id)]
+
+
+async def cancelled(*tasks: asyncio.Task[Any]) -> None:
+    """Every task of a test ended (cancelled if it still runs), whatever the test met."""
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_a_cancelled_write_is_withdrawn_while_queued_and_waited_for_once_taken(
-    store: PostgresStore,
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(commit, "SETTLE", 60.0)  # the wait's bound is the next test's
     await store.create_run(new("r"), NOW)
     (run,) = await store.claim_runs("w", [WF], NOW, NOW + LEASE, 1)
     lease = lease_of(run)
     blocker = await blocker_of(store)
+    tasks: list[asyncio.Task[Any]] = []
     try:
         # The run's row locked: every checkpoint write of it waits on the lock.
         await blocker.execute("SELECT 1 FROM tether_runs WHERE id = 'r' FOR UPDATE")
         first = asyncio.create_task(store.write_checkpoint(lease, checkpoint(0), NOW + 1))
         await asyncio.sleep(0.05)  # alone: committing in its own task
         taken = asyncio.create_task(store.write_checkpoint(lease, checkpoint(1), NOW + 1))
+        tasks += [first, taken]
         await committers_busy(store, 2)  # a committer took it
         queued = asyncio.create_task(store.write_checkpoint(lease, checkpoint(2), NOW + 1))
+        tasks.append(queued)
         await asyncio.sleep(0.05)
         assert store.driver.commits._queued  # no committer is free for it
         queued.cancel()
@@ -69,16 +85,48 @@ async def test_a_cancelled_write_is_withdrawn_while_queued_and_waited_for_once_t
         assert queued.done()  # withdrawn at once
         assert not taken.done()  # its cancellation waits for its transaction
         await blocker.rollback()
-        for task in (taken, queued):
-            with pytest.raises(asyncio.CancelledError):
-                await asyncio.wait_for(task, 10)
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(taken, 10)
+        # Its cancellation ended once the write had landed.
+        assert 1 in await checkpoints_of(store, "r")
+        with pytest.raises(asyncio.CancelledError):
+            await queued
         await asyncio.wait_for(first, 10)
     finally:
         await blocker.close()
-    # The write taken into a transaction landed before its caller's cancellation ended; the
-    # one still queued never reached the database, nor will.
-    await asyncio.sleep(0.2)
-    assert [c.seq for c in await store.load_history("r")] == [0, 1]
+        await cancelled(*tasks)
+    # The one still queued never reached the database, nor will: nothing is left to commit.
+    await store.driver.commits.drain()
+    assert await checkpoints_of(store, "r") == [0, 1]
+
+
+async def test_a_cancelled_callers_wait_for_its_write_is_bounded(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction that waits on a lock held elsewhere does not hold its cancelled caller
+    (a stopping worker) for as long: SETTLE seconds, as a cancelled statement gets."""
+    monkeypatch.setattr(commit, "SETTLE", 0.2)
+    await store.create_run(new("r"), NOW)
+    (run,) = await store.claim_runs("w", [WF], NOW, NOW + LEASE, 1)
+    lease = lease_of(run)
+    blocker = await blocker_of(store)
+    tasks: list[asyncio.Task[Any]] = []
+    try:
+        await blocker.execute("SELECT 1 FROM tether_runs WHERE id = 'r' FOR UPDATE")
+        tasks.append(asyncio.create_task(store.write_checkpoint(lease, checkpoint(0), NOW + 1)))
+        await asyncio.sleep(0.05)
+        taken = asyncio.create_task(store.write_checkpoint(lease, checkpoint(1), NOW + 1))
+        tasks.append(taken)
+        await committers_busy(store, 2)
+        taken.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(taken, 10)  # while the lock is still held
+        assert await checkpoints_of(store, "r") == []
+    finally:
+        await blocker.rollback()
+        await blocker.close()
+        await asyncio.gather(*tasks[:1], return_exceptions=True)
+        await cancelled(*tasks)
 
 
 async def test_a_claim_cancelled_while_queued_claims_nothing(store: PostgresStore) -> None:
@@ -88,21 +136,24 @@ async def test_a_claim_cancelled_while_queued_claims_nothing(store: PostgresStor
     assert run.id == "busy"
     lease = lease_of(run)
     blocker = await blocker_of(store)
+    tasks: list[asyncio.Task[Any]] = []
     try:
         await blocker.execute("SELECT 1 FROM tether_runs WHERE id = 'busy' FOR UPDATE")
-        writes = [asyncio.create_task(store.write_checkpoint(lease, checkpoint(seq), NOW + 1))
+        tasks += [asyncio.create_task(store.write_checkpoint(lease, checkpoint(seq), NOW + 1))
                   for seq in range(2)]  # fmt: skip
         await committers_busy(store, 2)
         claim = asyncio.create_task(store.claim_runs("w", [WF], NOW, NOW + LEASE, 1))
+        tasks.append(claim)
         await asyncio.sleep(0.05)
         claim.cancel()
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(claim, 10)
         await blocker.rollback()  # the committers go on: the claim is not among their writes
-        await asyncio.wait_for(asyncio.gather(*writes, return_exceptions=True), 10)
+        await asyncio.wait_for(asyncio.gather(*tasks[:2], return_exceptions=True), 10)
     finally:
         await blocker.close()
-    await asyncio.sleep(0.2)
+        await cancelled(*tasks)
+    await store.driver.commits.drain()
     free = await store.get_run("free")
     assert free is not None
     assert (free.status.value, free.owner) == ("pending", None)

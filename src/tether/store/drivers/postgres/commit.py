@@ -30,6 +30,7 @@ T = TypeVar("T")
 COMMITTERS = 2  # transactions of queued writes in flight at once
 MAX_BATCH = 256  # writes in one transaction
 RETRIES = 3  # a batch that met a deadlock or a serialization failure is run again
+SETTLE = 1.0  # seconds a cancelled caller waits for its write, taken into a transaction, to land
 _RETRYABLE = (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure)
 
 
@@ -104,7 +105,8 @@ class GroupCommit:
     async def write(self, make: Callable[[], Op[T]], *, label: str = "", multi: bool = True) -> T:
         """Commit the operation, with whatever other writes are queued meanwhile; answer after
         the commit. A broken connection fails it with StoreUnavailable: it may have committed
-        (the engine resolves that by reading back)."""
+        (the engine resolves that by reading back). Cancelled, it is withdrawn if it was not
+        sent yet, else waited for (see _settle_cancelled)."""
         loop = asyncio.get_running_loop()
         write = _Write(make, label, multi, loop.create_future())
         if not multi and not self._committers and not self._queued:
@@ -132,22 +134,25 @@ class GroupCommit:
 
     async def _settle_cancelled(self, write: _Write) -> None:
         """The caller of `write` was cancelled. Still queued, the write is withdrawn: it never
-        commits. Taken into a transaction already, it is waited for (its outcome dropped), so
-        that the caller's cancellation ends only once the write has landed or failed, as a
-        statement cancelled on its connection does: a write its caller gave up on must never
-        commit after what that caller does next (a stopping worker's late claim committed
-        after its release would keep the run leased to a worker that is gone)."""
+        commits (a committer that takes it first drops it: see _live). Taken into a
+        transaction already, it is waited for, up to SETTLE seconds, its outcome dropped, as a
+        statement cancelled on its connection is (direct.DRAIN): a write its caller gave up on
+        must not commit after what that caller does next (a stopping worker's claim committed
+        after its release kept a run leased to a worker that was gone, until the lease ran
+        out). A transaction slower than that (a lock held elsewhere) may still commit after."""
         if write in self._queued:
             self._queued.remove(write)
             return
         if write.resolved:
             return
         # The caller's own future went with its cancellation: another tells when it lands.
-        landed = write.landed = asyncio.get_running_loop().create_future()
-        while not landed.done():
+        loop = asyncio.get_running_loop()
+        landed = write.landed = loop.create_future()
+        give_up = loop.time() + SETTLE
+        while not landed.done() and (left := give_up - loop.time()) > 0:
             # A cancellation meanwhile does not cut the wait short: the first is raised after.
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.shield(landed)
+                await asyncio.wait([landed], timeout=left)
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._committers += 1
@@ -158,8 +163,10 @@ class GroupCommit:
     async def _committer(self) -> None:
         try:
             while self._queued:
-                batch = self._queued[:MAX_BATCH]
+                batch = self._live(self._queued[:MAX_BATCH])
                 del self._queued[:MAX_BATCH]
+                if not batch:
+                    continue
                 try:
                     await self._commit(batch)
                 except Exception as exc:  # an injected fault: the attempt's writes fail
@@ -179,11 +186,29 @@ class GroupCommit:
                 for write in left:
                     _resolve(write)
 
+    @staticmethod
+    def _live(writes: list[_Write]) -> list[_Write]:
+        """Of `writes`, about to be sent, those whose callers still wait: a cancelled one
+        (its caller's future cancelled with it, before the caller took it back from the
+        queue) is dropped, never sent."""
+        live = []
+        for write in writes:
+            if write.future.cancelled():
+                _resolve(write)  # settled: nothing of it was sent
+            else:
+                live.append(write)
+        return live
+
     async def _commit(self, batch: list[_Write]) -> None:
         """Commit `batch`, setting each write's outcome. A deadlock or serialization failure
         (nothing committed) runs it again; a statement error of one write fails the whole
-        transaction, so each is then run alone and only the faulty one fails."""
+        transaction, so each is then run alone and only the faulty one fails. Writes whose
+        callers were cancelled meanwhile are not run again."""
         for attempt in range(1, RETRIES + 1):
+            if attempt > 1:
+                batch = self._live(batch)
+                if not batch:
+                    return
             for write in batch:  # what an attempt rolled back decided nothing
                 write.outcome = None
             try:
@@ -202,7 +227,7 @@ class GroupCommit:
                 if len(batch) == 1:
                     self._fail(batch, exc)
                     return
-                for write in batch:
+                for write in self._live(batch):
                     try:
                         await self._commit([write])
                     except Exception as exc:  # an injected fault fails this write alone
