@@ -145,6 +145,17 @@ def postgres_url() -> Iterator[str]:
 
 
 @pytest.fixture
+async def postgres_store(postgres_url: str) -> AsyncIterator[PostgresStore]:
+    """An open PostgresStore in a schema of its own, for the tests of PostgreSQL's driver."""
+    backend = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
+    await backend.open()
+    try:
+        yield backend
+    finally:
+        await backend.close()
+
+
+@pytest.fixture
 async def browser() -> AsyncIterator[Browser]:
     """Headless Chromium (/usr/bin/chromium) through Playwright, closed after the test.
     Without it, browser tests skip loudly; in CI (CI=true) that is a failure."""

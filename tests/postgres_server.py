@@ -18,6 +18,10 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import psycopg
 
 
 def _binary(name: str) -> str | None:
@@ -152,3 +156,17 @@ def execute_in(url: str, *statements: str) -> None:
             conn.execute(f'SET search_path TO "{schema}"')
         for statement in statements:
             conn.execute(statement.encode())
+
+
+async def connect_in(url: str) -> psycopg.AsyncConnection[Any]:
+    """A connection of a test's own in the schema of a Tether URL, not in autocommit (a
+    transaction of its own that holds locks, say)."""
+    import psycopg
+
+    from tether.store.postgres import parse_postgres_url
+
+    conninfo, schema = parse_postgres_url(url)
+    conn = await psycopg.AsyncConnection.connect(conninfo)
+    if schema is not None:
+        await conn.execute(f'SET search_path TO "{schema}"')
+    return conn

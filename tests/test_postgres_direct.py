@@ -272,13 +272,8 @@ async def test_a_connection_cut_mid_statement_raises_instead_of_hanging(
 
 
 @pytest.fixture
-async def store(postgres_url: str) -> AsyncIterator[PostgresStore]:
-    backend = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
-    await backend.open()
-    try:
-        yield backend
-    finally:
-        await backend.close()
+def store(postgres_store: PostgresStore) -> PostgresStore:
+    return postgres_store
 
 
 async def held_pid(store: PostgresStore) -> int:

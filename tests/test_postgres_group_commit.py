@@ -6,35 +6,21 @@ after the worker released its runs kept a run leased to a worker that was gone).
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
 import pytest
 from tests.contract.test_store_contract import LEASE, NOW, WF, checkpoint, lease_of, new
-from tests.postgres_server import with_schema
+from tests.postgres_server import connect_in
 
 from tether.store.drivers.postgres import commit
-from tether.store.postgres import PostgresStore, parse_postgres_url
+from tether.store.port import Lease
+from tether.store.postgres import PostgresStore
 
 
 @pytest.fixture
-async def store(postgres_url: str) -> AsyncIterator[PostgresStore]:
-    backend = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
-    await backend.open()
-    try:
-        yield backend
-    finally:
-        await backend.close()
-
-
-async def blocker_of(store: PostgresStore) -> psycopg.AsyncConnection[Any]:
-    """A connection of its own on the store's schema, in a transaction (not autocommit)."""
-    conninfo, schema = parse_postgres_url(store.driver.url)
-    conn = await psycopg.AsyncConnection.connect(conninfo)
-    await conn.execute(f'SET search_path TO "{schema}"')
-    return conn
+def store(postgres_store: PostgresStore) -> PostgresStore:
+    return postgres_store
 
 
 async def committers_busy(store: PostgresStore, count: int) -> None:
@@ -58,18 +44,23 @@ async def cancelled(*tasks: asyncio.Task[Any]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def locked_run(store: PostgresStore) -> tuple[Lease, psycopg.AsyncConnection[Any]]:
+    """Run "r", claimed, and a connection whose transaction holds its row locked: every
+    checkpoint write of it waits on the lock until that transaction ends."""
+    await store.create_run(new("r"), NOW)
+    (run,) = await store.claim_runs("w", [WF], NOW, NOW + LEASE, 1)
+    blocker = await connect_in(store.driver.url)
+    await blocker.execute("SELECT 1 FROM tether_runs WHERE id = 'r' FOR UPDATE")
+    return lease_of(run), blocker
+
+
 async def test_a_cancelled_write_is_withdrawn_while_queued_and_waited_for_once_taken(
     store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(commit, "SETTLE", 60.0)  # the wait's bound is the next test's
-    await store.create_run(new("r"), NOW)
-    (run,) = await store.claim_runs("w", [WF], NOW, NOW + LEASE, 1)
-    lease = lease_of(run)
-    blocker = await blocker_of(store)
+    lease, blocker = await locked_run(store)
     tasks: list[asyncio.Task[Any]] = []
     try:
-        # The run's row locked: every checkpoint write of it waits on the lock.
-        await blocker.execute("SELECT 1 FROM tether_runs WHERE id = 'r' FOR UPDATE")
         first = asyncio.create_task(store.write_checkpoint(lease, checkpoint(0), NOW + 1))
         await asyncio.sleep(0.05)  # alone: committing in its own task
         taken = asyncio.create_task(store.write_checkpoint(lease, checkpoint(1), NOW + 1))
@@ -106,13 +97,9 @@ async def test_a_cancelled_callers_wait_for_its_write_is_bounded(
     """A transaction that waits on a lock held elsewhere does not hold its cancelled caller
     (a stopping worker) for as long: SETTLE seconds, as a cancelled statement gets."""
     monkeypatch.setattr(commit, "SETTLE", 0.2)
-    await store.create_run(new("r"), NOW)
-    (run,) = await store.claim_runs("w", [WF], NOW, NOW + LEASE, 1)
-    lease = lease_of(run)
-    blocker = await blocker_of(store)
+    lease, blocker = await locked_run(store)
     tasks: list[asyncio.Task[Any]] = []
     try:
-        await blocker.execute("SELECT 1 FROM tether_runs WHERE id = 'r' FOR UPDATE")
         tasks.append(asyncio.create_task(store.write_checkpoint(lease, checkpoint(0), NOW + 1)))
         await asyncio.sleep(0.05)
         taken = asyncio.create_task(store.write_checkpoint(lease, checkpoint(1), NOW + 1))
@@ -135,7 +122,7 @@ async def test_a_claim_cancelled_while_queued_claims_nothing(store: PostgresStor
     (run,) = await store.claim_runs("w", [WF], NOW, NOW + LEASE, 1)
     assert run.id == "busy"
     lease = lease_of(run)
-    blocker = await blocker_of(store)
+    blocker = await connect_in(store.driver.url)
     tasks: list[asyncio.Task[Any]] = []
     try:
         await blocker.execute("SELECT 1 FROM tether_runs WHERE id = 'busy' FOR UPDATE")

@@ -6,34 +6,19 @@ that failed runs' ends under load). A lease skipped so is neither extended nor r
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
-import psycopg
 import pytest
 from tests.contract.test_store_contract import LEASE, NOW, WF, lease_of, new
-from tests.postgres_server import with_schema
+from tests.postgres_server import connect_in
 
 from tether.store.port import Lease
-from tether.store.postgres import PostgresStore, parse_postgres_url
+from tether.store.postgres import PostgresStore
 
 
 @pytest.fixture
-async def store(postgres_url: str) -> AsyncIterator[PostgresStore]:
-    backend = PostgresStore(with_schema(postgres_url, f"t_{uuid.uuid4().hex[:12]}"))
-    await backend.open()
-    try:
-        yield backend
-    finally:
-        await backend.close()
-
-
-async def other(store: PostgresStore) -> psycopg.AsyncConnection[Any]:
-    conninfo, schema = parse_postgres_url(store.driver.url)
-    conn = await psycopg.AsyncConnection.connect(conninfo)
-    await conn.execute(f'SET search_path TO "{schema}"')
-    return conn
+def store(postgres_store: PostgresStore) -> PostgresStore:
+    return postgres_store
 
 
 async def claimed(store: PostgresStore, *ids: str) -> list[Lease]:
@@ -47,7 +32,7 @@ async def test_a_heartbeat_and_a_commit_locking_the_same_runs_never_deadlock(
     store: PostgresStore,
 ) -> None:
     a, b = await claimed(store, "a", "b")
-    async with await other(store) as commit:
+    async with await connect_in(store.driver.url) as commit:
         # A commit of this worker's holds run b's row (a checkpoint's share lock) and will
         # end run a next; the heartbeat extends a, then comes to b.
         await commit.execute("SELECT 1 FROM tether_runs WHERE id = 'b' FOR SHARE")
@@ -73,7 +58,7 @@ async def test_a_lease_skipped_for_its_lock_is_still_reported_lost_once_lost(
 ) -> None:
     (a,) = await claimed(store, "a")
     stale = Lease(a.run_id, a.worker_id, a.epoch - 1)
-    async with await other(store) as commit:
+    async with await connect_in(store.driver.url) as commit:
         await commit.execute("SELECT 1 FROM tether_runs WHERE id = 'a' FOR SHARE")
         reply = await asyncio.wait_for(store.heartbeat("w1", [stale], NOW + 100, NOW + 5), 10)
         await commit.rollback()
