@@ -1,7 +1,8 @@
-"""PostgreSQL's group commit and the callers it serves: a write whose caller is cancelled never
-commits after that caller has gone on. Still queued, it is withdrawn; taken into a transaction,
-the caller's cancellation waits until it has landed (a stopping worker's claim that committed
-after the worker released its runs kept a run leased to a worker that was gone)."""
+"""PostgreSQL's group commit and the callers it serves: a write whose caller is cancelled does
+not commit after what that caller does next. Still queued, it is withdrawn; taken into a
+transaction, the caller's cancellation waits until it has landed, for SETTLE seconds at most (a
+stopping worker's claim that committed after the worker released its runs kept a run leased to
+a worker that was gone)."""
 
 from __future__ import annotations
 
