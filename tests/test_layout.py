@@ -115,7 +115,12 @@ LAYERS: list[tuple[str, ...]] = [
         "tether.webhooks",
         "tether.text",
     ),
-    ("tether.store.query", "tether.store.tables", "tether.store.drivers.guard"),
+    (
+        "tether.store.query",
+        "tether.store.tables",
+        "tether.store.drivers.guard",
+        "tether.store.drivers.ready",
+    ),
     ("tether.store.port",),
     (
         "tether.store.keys",

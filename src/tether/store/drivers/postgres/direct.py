@@ -24,6 +24,8 @@ from psycopg import abc, adapt, errors, generators, pq
 from psycopg.adapt import PyFormat
 from psycopg.waiting import READY_R, READY_W, WAIT_R, WAIT_W
 
+from tether.store.drivers.ready import others_ready
+
 Conn = psycopg.AsyncConnection[Any]
 Results = list[pq.abc.PGresult]
 
@@ -297,8 +299,7 @@ def _idle(loop: asyncio.AbstractEventLoop) -> int | None:
     the loop (no callback ready but cancelled ones, no timer due), else None. CPython's private
     ready queue, timers and selector: another loop, or a selector without a descriptor of its
     own, counts as busy."""
-    ready = getattr(loop, "_ready", None)
-    if ready is None or (ready and not all(handle.cancelled() for handle in ready)):
+    if others_ready(loop):
         return None
     scheduled = getattr(loop, "_scheduled", None)
     if scheduled and scheduled[0].when() <= loop.time():

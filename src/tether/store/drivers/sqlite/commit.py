@@ -25,6 +25,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 from tether import faults
 from tether.errors import ConfigurationError, StoreUnavailable
+from tether.store.drivers.ready import others_ready
 from tether.store.query import check_schema
 
 T = TypeVar("T")
@@ -472,10 +473,10 @@ class CommitQueue:
             raise StoreUnavailable(f"the SQLite store {self.path!r} is not open; call open() first")
         loop = asyncio.get_running_loop()
         if loop is self._loop and not (
-            self._batch or self._queued or getattr(loop, "_ready", True) or self._inline is None
+            self._batch or self._queued or others_ready(loop) or self._inline is None
         ):
-            # Nothing else is ready (CPython's private ready queue is empty): waiting for a
-            # loop iteration would only add latency, so commit now, on this call.
+            # Nothing else is ready: waiting for a loop iteration would only add latency, so
+            # commit now, on this call.
             op = _Op(fn, write, label, multi, loop, None)
             try:
                 self._execute(self._inline, [op])
