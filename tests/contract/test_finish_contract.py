@@ -131,25 +131,21 @@ async def test_a_full_end_on_postgresql_goes_on_from_its_one_statement(
         lease = await running(store, "r1")
         await created(store, approval("p1", "r1"), NOW + 1)
         names: list[str] = []
-        statements, commits = store.driver.statements, store.driver.commits
-        execute, carrying = statements.execute, commits._carrying
+        statements = store.driver.statements
+        execute = statements.execute
 
         async def recorded(conn: Any, tx: Any, query: Query) -> Any:
             names.append(query.name)
             return await execute(conn, tx, query)
 
-        async def carried(conn: Any, query: Query) -> Any:
-            names.extend([*(q.name for q in query.before), query.name])
-            return await carrying(conn, query)
-
         monkeypatch.setattr(statements, "execute", recorded)
-        monkeypatch.setattr(commits, "_carrying", carried)
         last = checkpoint(0, "one", "5")
         await store.finish_run(lease, RunStatus.SUCCEEDED, "5", None, NOW + 2,
                                checkpoints=[last])  # fmt: skip
-        assert names.count("finish_alone") == 1
-        assert names.index("finish_run") > names.index("finish_alone")
-        assert names.count("upsert_checkpoint") == 2  # with the statement, then repeated
+        assert names.count("finish_alone_carrying") == 1
+        assert "finish_alone" not in names
+        assert names.index("finish_run") > names.index("finish_alone_carrying")
+        assert names.count("upsert_checkpoint") == 1  # carried by the statement, then repeated
         assert await store.load_history("r1") == [stored(last, lease)]
         cancelled = await store.get_approval("p1")
         assert cancelled is not None

@@ -37,10 +37,7 @@ class Query:
     named fragments that make its WHERE clause. A `guard`ed one may break a unique constraint
     (Conflict) without spoiling its transaction. An operation's first query may be `alone`: it
     does the whole operation or changes nothing, so a driver may commit it on its own before
-    running the rest (PostgreSQL: one round trip instead of a transaction's three). It may
-    carry statements to run `before` it in the same commit, which the operation repeats when
-    it answers nothing (so they set only what repeating them sets again); a driver runs them
-    wherever it runs the query's SQL, and a dialect's empty query runs none of them."""
+    running the rest (PostgreSQL: one round trip instead of a transaction's three)."""
 
     name: str
     params: Params | Sequence[Params]
@@ -48,7 +45,6 @@ class Query:
     where: tuple[str, ...] = ()
     guard: bool = False
     alone: bool = False
-    before: tuple[Query, ...] = ()
 
 
 # An operation yields queries and gets back, for each: its rows (a SELECT or RETURNING), the

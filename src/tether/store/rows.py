@@ -8,6 +8,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+import orjson
+
 from tether.store.port.approvals import (
     ApprovalRecord,
     AuditEntry,
@@ -225,6 +227,23 @@ def checkpoint_params(
     """checkpoint_values by name, for the named forms of the upsert."""
     return dict(zip(CHECKPOINT_PARAMS, checkpoint_values(run_id, cp, result, owner, epoch),
                     strict=True))  # fmt: skip
+
+
+# The columns of checkpoints carried by a run's end (finish_alone_carrying).
+CARRIED_COLUMNS = tuple(c for c in CHECKPOINT_PARAMS if c not in ("run_id", "worker", "epoch"))
+
+
+def carried_rows(checkpoints: Sequence[Checkpoint]) -> str:
+    """The checkpoints as one JSON array of objects keyed by CARRIED_COLUMNS (by orjson: a
+    carried 1 MB result is escaped in a fraction of the standard library's time)."""
+    rows = [dict(zip(CARRIED_COLUMNS, (c.seq, c.name, c.kind, c.status.value, c.result, c.error,
+                                       c.attempts, c.started_at, c.finished_at, c.retry_at,
+                                       c.at, c.args), strict=True))
+            for c in checkpoints]  # fmt: skip
+    try:
+        return orjson.dumps(rows).decode()
+    except TypeError:  # what orjson refuses (a lone surrogate): the standard library's text
+        return json.dumps(rows)
 
 
 def audit_to_row(entry: AuditEntry) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from tether.store.port import (
     StoreStats,
 )
 from tether.store.query import Conflict, Op, Query, execute, one, select
-from tether.store.rows import checkpoint_values, page_params, run_from_row
+from tether.store.rows import carried_rows, checkpoint_values, page_params, run_from_row
 from tether.store.rules import duplicate_run, queue_budget, store_stats
 
 
@@ -246,20 +246,21 @@ def finish_run(
     """The run's end, with the `checkpoints` its execution completed last written first."""
     params = {**fence(lease), "status": str(status), "result": result, "error": error,
               "now": now, "failures": failures}  # fmt: skip
-    worker, epoch = lease.worker_id, lease.epoch
-    upserts = tuple(
-        Query("upsert_checkpoint", checkpoint_values(lease.run_id, c, c.result, worker, epoch))
-        for c in checkpoints
-    )
     # A run with no parent and no pending approval ends by its own row: a dialect may do that
     # in one statement (it answers TRUE, having woken the workers if it freed a queue's budget),
-    # with the checkpoints in its commit; else it changes nothing but them (fenced: written
-    # only under the lease, which the full end below checks again).
-    done = yield Query("finish_alone", params, alone=True, before=upserts)
+    # with the checkpoints in it; else it changes nothing, and the full end below does it all.
+    if checkpoints:
+        alone = Query("finish_alone_carrying", {**params, "carried": carried_rows(checkpoints)},
+                      alone=True)  # fmt: skip
+    else:
+        alone = Query("finish_alone", params, alone=True)
+    done = yield alone
     if done and done[0][0] is True:
         return
-    for upsert in upserts:
-        if (yield upsert) != 1:
+    worker, epoch = lease.worker_id, lease.epoch
+    for c in checkpoints:
+        upsert = checkpoint_values(lease.run_id, c, c.result, worker, epoch)
+        if (yield Query("upsert_checkpoint", upsert)) != 1:
             raise (yield from lease_lost(lease))
     row = yield from one("finish_run", **params)
     if row is None:

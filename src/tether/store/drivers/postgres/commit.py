@@ -22,7 +22,7 @@ import psycopg
 
 from tether import faults
 from tether.errors import StoreUnavailable
-from tether.store.drivers.postgres.statements import Conn, Primed, Statements, Tx, one_commit
+from tether.store.drivers.postgres.statements import Conn, Primed, Statements, Tx
 from tether.store.query import Conflict, Op, Query, prime
 
 T = TypeVar("T")
@@ -305,10 +305,7 @@ class GroupCommit:
             if not first.alone:
                 settled = False
                 return op, first
-            if first.before:
-                result = await self._carrying(conn, first)
-            else:
-                result = await self._statements.execute(conn, Tx(), first)
+            result = await self._statements.execute(conn, Tx(), first)
             try:
                 after = op.send(result)
             except StopIteration as stop:
@@ -324,14 +321,6 @@ class GroupCommit:
         finally:
             if settled:
                 op.close()
-
-    async def _carrying(self, conn: Conn, query: Query) -> Any:
-        """An `alone` statement and those it carries, committed together in one round trip."""
-        async with one_commit(conn):
-            for carried in query.before:
-                await conn.execute(self._statements.queries.sql(carried), carried.params)
-            cur = await conn.execute(self._statements.queries.sql(query), query.params)
-        return await cur.fetchall()
 
     async def _lockstep(self, conn: Conn, writes: list[_Write], tx: Tx) -> None:
         """Run single-statement writes side by side: each round sends the next statement of
@@ -366,11 +355,10 @@ class GroupCommit:
 
     async def _alone_round(self, conn: Conn, writes: list[_Write]) -> list[tuple[_Write, Primed]]:
         """Several-statement writes sharing a transaction, whose operation opens with an
-        `alone` statement that carries nothing (a run's end): those statements for all of
-        them in one pipelined round and without a savepoint, since each does its whole
-        operation or changes nothing. Returns the writes that go on, each (in its savepoint)
-        from the query it yields next, or from its first where it opens otherwise (an end
-        carrying checkpoints: run outside a savepoint, they would stay though the end fail);
+        `alone` statement (a run's end, with the checkpoints it carries): those statements
+        for all of them in one pipelined round and without a savepoint, since each does its
+        whole operation or changes nothing. Returns the writes that go on, each (in its
+        savepoint) from the query it yields next, or from its first where it opens otherwise;
         those settled here are done. A savepoint's round trips per write (three or four)
         become one for the lot."""
         going: list[tuple[_Write, Primed]] = []
@@ -406,8 +394,8 @@ class GroupCommit:
     async def _round(self, conn: Conn, queries: list[Query]) -> list[Any]:
         """Each query's result, from one pipeline: statements of the same text in one
         executemany (one result per parameter set), the groups side by side. A query that may
-        not share the pipeline (guarded, many-row, carrying others, notify, a dialect's empty
-        one) gets _ALONE, for the caller to run on its own (a savepoint cannot share it)."""
+        not share the pipeline (guarded, many-row, notify, a dialect's empty one) gets _ALONE,
+        for the caller to run on its own (a savepoint cannot share it)."""
         if not queries:
             return []
         groups: dict[str, list[int]] = {}
@@ -430,7 +418,7 @@ class GroupCommit:
 
     def _pipelined(self, query: Query) -> str:
         """The query's SQL if it may share the pipeline, else ""."""
-        if query.guard or query.many or query.before or query.name == "notify":
+        if query.guard or query.many or query.name == "notify":
             return ""
         return self._statements.queries.sql(query)
 

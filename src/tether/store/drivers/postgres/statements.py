@@ -49,8 +49,6 @@ class Statements:
         sql = self.queries.sql(query)
         if not sql:
             return []
-        for carried in query.before:
-            await self.execute(conn, tx, carried)
         if (
             tx.pipeline is None
             and not query.many

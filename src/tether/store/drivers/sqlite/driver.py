@@ -33,8 +33,6 @@ def execute(conn: sqlite3.Connection, queries: Queries, query: Query) -> Any:
     sql = queries.sql(query)
     if not sql:
         return []
-    for carried in query.before:
-        execute(conn, queries, carried)
     if query.many:
         conn.executemany(sql, [_encoded(p) for p in query.params])
         return None

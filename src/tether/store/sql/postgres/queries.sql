@@ -202,6 +202,32 @@ WHERE id = %(run_id)s AND status = 'running' AND owner = %(worker)s AND epoch = 
 SELECT tether_finish_alone(%(run_id)s, %(worker)s, %(epoch)s, %(status)s, %(result)s,
                            %(error)s, %(now)s, %(failures)s::integer);
 
+-- name: finish_alone_carrying
+-- finish_alone with the checkpoints the execution completed last, in the same one statement,
+-- as one JSON array of rows (rows.carried_rows): written only once the function ended the run
+-- (it holds the run's row, locked under the lease), so an answer FALSE changes nothing at all,
+-- and the full end writes them in its transaction.
+WITH f AS (
+    SELECT tether_finish_alone(%(run_id)s, %(worker)s, %(epoch)s, %(status)s, %(result)s,
+                               %(error)s, %(now)s, %(failures)s::integer) AS done
+), c AS (
+    INSERT INTO tether_checkpoints
+        (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at,
+         retry_at, position, args)
+    SELECT %(run_id)s, u.seq, u.name, u.kind, u.status, u.result, u.error, u.attempts,
+           u.started_at, u.finished_at, u.retry_at, u.position, u.args
+    FROM json_to_recordset(%(carried)s::json)
+        AS u (seq integer, name text, kind text, status text, result text, error text,
+              attempts integer, started_at double precision, finished_at double precision,
+              retry_at double precision, position text, args text)
+    WHERE (SELECT done FROM f)
+    ON CONFLICT (run_id, seq) DO UPDATE SET
+        name = excluded.name, kind = excluded.kind, status = excluded.status,
+        result = excluded.result, error = excluded.error, attempts = excluded.attempts,
+        started_at = excluded.started_at, finished_at = excluded.finished_at,
+        retry_at = excluded.retry_at, position = excluded.position, args = excluded.args)
+SELECT done FROM f;
+
 -- name: finish_run
 -- Its SET list is tether_finish_alone's (0020_finish.sql): keep them one.
 UPDATE tether_runs

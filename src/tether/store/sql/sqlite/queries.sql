@@ -180,6 +180,9 @@ WHERE id = :run_id AND status = 'running' AND owner = :worker AND epoch = :epoch
 -- name: finish_alone
 -- Nothing: a run's end is one transaction of the single writer, whatever it has to do.
 
+-- name: finish_alone_carrying
+-- Nothing, as finish_alone.
+
 -- name: finish_run
 UPDATE tether_runs
 SET status = :status, result = :result, error = :error, owner = NULL, lease_expires_at = NULL,
