@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING
 
 from tether.core.context import StepContext, current_scope
 from tether.core.engine import Engine
-from tether.core.execution import MISSING, RunContext
+from tether.core.execution import RunContext
+from tether.core.outage import MISSING
 from tether.errors import ConfigurationError, RunNotFound
 from tether.store.port import CheckpointStatus
 from tether.store.port.streams import StreamAppend, StreamEntry, StreamKind

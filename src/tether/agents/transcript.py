@@ -17,8 +17,8 @@ from typing import Any, ClassVar
 
 from tether.agents.models import ToolCall, response_from_json
 from tether.approvals.model import Approval
-from tether.core.execution import arguments
 from tether.core.handle import RunInfo
+from tether.core.slot import arguments
 from tether.errors import ConfigurationError
 from tether.redact import redact, redact_text
 from tether.store.keys import approval_key

@@ -27,7 +27,8 @@ from tether.approvals.model import (
 from tether.approvals.notify import Webhook, deliver_webhook, notify
 from tether.approvals.rules import expire, outcome
 from tether.core.context import current_run
-from tether.core.execution import MISSING, RunContext
+from tether.core.execution import RunContext
+from tether.core.outage import MISSING
 from tether.core.waits import EventWait, Plan, TimerWait, check_duration, wait
 from tether.errors import ConfigurationError, NonDeterminismError
 from tether.redact import mask, redact, redact_text

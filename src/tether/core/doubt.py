@@ -20,8 +20,9 @@ from collections.abc import Callable, Coroutine, Generator
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from tether.core.context import _STEP, StepContext
-from tether.core.execution import RunContext, Slot
+from tether.core.execution import RunContext
 from tether.core.lease import gone
+from tether.core.slot import Slot
 from tether.core.suspension import park, turn
 from tether.errors import StepOutcomeUnknown, StepTimeout
 from tether.serde import encode_error

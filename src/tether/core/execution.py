@@ -11,15 +11,16 @@ execution ends as a whole through `end` (suspension.py decides when it waits as 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether.core.context import _STEP
+from tether.core.outage import MISSING, retry_store
 from tether.core.positions import _FRAME, Frame, here, runnable
 from tether.core.signals import Abandon, ReplayNow, Signal
+from tether.core.slot import Slot
 from tether.core.turns import Turns
 from tether.errors import (
     LeaseLost,
@@ -27,8 +28,7 @@ from tether.errors import (
     SerializationError,
     StoreUnavailable,
 )
-from tether.serde import canonical, plain_canonical
-from tether.store.port import Checkpoint, CheckpointStatus, Lease
+from tether.store.port import Checkpoint, Lease
 
 if TYPE_CHECKING:
     from tether.core.engine import Engine
@@ -37,64 +37,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("tether.runner")
 T = TypeVar("T")
-
-MISSING = object()  # what a read-back returns when the write did not happen
-
-
-ARGS_KEPT = 2048  # the longest arguments a checkpoint keeps as text; longer: their digest
-
-
-def arguments(args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
-    """What a checkpoint keeps of a call's arguments, compared on replay: their canonical JSON
-    {"args": [...], "kwargs": {...}}, or {"$digest": its sha256} when that is longer than
-    ARGS_KEPT; None for arguments that are not JSON (not compared). The text of a given value
-    must never change from one version to the next: recorded arguments must keep matching."""
-    call = {"args": args, "kwargs": kwargs}
-    try:
-        text = plain_canonical(call)  # plain JSON values (most calls): the C encoder alone
-    except (TypeError, ValueError):
-        try:
-            text = canonical(call)  # tagged values (datetimes, sets, models...): serde's
-        except Exception:  # an object the serializer does not know: not compared
-            return None
-    if len(text) <= ARGS_KEPT:
-        return text
-    return plain_canonical({"$digest": hashlib.sha256(text.encode()).hexdigest()})
-
-
-class Slot:
-    """A checkpoint the code asked for: where it sits, its name, and what the history holds
-    there (None: it is new). Made for every checkpoint asked for: a plain class, not a
-    dataclass, for speed."""
-
-    __slots__ = ("args", "kind", "name", "position", "recorded", "seq")
-
-    def __init__(
-        self,
-        seq: int,
-        position: str,
-        name: str,
-        kind: str,
-        recorded: Checkpoint | None,
-        args: str | None = None,
-    ) -> None:
-        self.seq, self.position, self.name, self.kind = seq, position, name, kind
-        self.recorded, self.args = recorded, args
-
-    def checkpoint(
-        self,
-        status: CheckpointStatus,
-        *,
-        result: str | None = None,
-        error: str | None = None,
-        attempts: int = 0,
-        started_at: float | None = None,
-        finished_at: float | None = None,
-        retry_at: float | None = None,
-    ) -> Checkpoint:
-        """This slot's checkpoint in `status`."""
-        return Checkpoint(self.seq, self.name, self.kind, status, result, error, attempts,
-                          started_at, finished_at, retry_at, self.position, self.args)  # fmt: skip
 
 
 @dataclass(eq=False, slots=True)
@@ -604,38 +546,4 @@ def _shown(args: str | None) -> str:
     return text if len(text) <= 300 else text[:300] + "..."
 
 
-async def retry_store(
-    engine: Engine,
-    call: Callable[[], Awaitable[T]],
-    read_back: Callable[[], Awaitable[object]],
-    *,
-    failed: StoreUnavailable | None = None,
-) -> T:
-    """Run a store write; while the database is unreachable, try again with backoff (for up to
-    settings.store_outage seconds). A write whose acknowledgement was lost is resolved by
-    reading it back, never by writing twice: `read_back` returns the outcome if the write
-    happened, MISSING if not. `failed`: the first try was made already, and failed so."""
-    loop = asyncio.get_running_loop()
-    give_up = loop.time() + engine.settings.store_outage
-    delay = 0.05
-    while True:
-        try:
-            if failed is not None:
-                raise failed
-            return await call()
-        except StoreUnavailable as exc:
-            failed = None
-            if loop.time() >= give_up:
-                raise
-            log.warning("the database is unreachable (%s); retrying in %.2fs", exc, delay)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 1.0)
-        try:
-            found = await read_back()
-        except StoreUnavailable:
-            continue
-        if found is not MISSING:
-            return found  # type: ignore[return-value]
-
-
-__all__ = ["MISSING", "Busy", "RunContext", "Slot", "arguments", "retry_store"]
+__all__ = ["Busy", "RunContext"]

@@ -22,8 +22,9 @@ from typing import Any
 
 from tether.core.context import _RUN
 from tether.core.engine import Engine
-from tether.core.execution import MISSING, RunContext, retry_store
+from tether.core.execution import RunContext
 from tether.core.observe import RunOutcome, recorded_trace, run_trace
+from tether.core.outage import MISSING, retry_store
 from tether.core.positions import _FRAME, install, internal
 from tether.core.signals import Abandon, ReplayNow, Signal, Suspend
 from tether.core.workflow import Workflow

@@ -15,8 +15,9 @@ from typing import Any, Generic, TypeVar
 
 from tether.core.context import current_run
 from tether.core.engine import Engine
-from tether.core.execution import RunContext, arguments
+from tether.core.execution import RunContext
 from tether.core.observe import trace_to_record
+from tether.core.slot import arguments
 from tether.core.waits import ChildWait, join
 from tether.core.workflow import Named, Workflow
 from tether.errors import ConfigurationError, IdempotencyConflict

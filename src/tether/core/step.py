@@ -32,9 +32,10 @@ from tether.core.doubt import (
     unsettled,
     unstarted,
 )
-from tether.core.execution import Busy, RunContext, Slot, arguments
+from tether.core.execution import Busy, RunContext
 from tether.core.observe import StepOutcome
 from tether.core.retry import Retry
+from tether.core.slot import Slot, arguments
 from tether.core.suspension import park, turn
 from tether.core.workflow import type_hints
 from tether.errors import ConfigurationError, StepInterrupted, StepTimeout

@@ -15,8 +15,10 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, TypeVar
 
 from tether.core.context import _RUN, _STEP, StepContext
-from tether.core.execution import MISSING, RunContext, Slot, arguments
+from tether.core.execution import RunContext
+from tether.core.outage import MISSING
 from tether.core.retry import Retry
+from tether.core.slot import Slot, arguments
 from tether.core.step import DEFAULT_RETRY, _execute
 from tether.core.workflow import type_hints
 from tether.errors import ConfigurationError, NotInWorkflow

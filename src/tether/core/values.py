@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tether.core.context import current_run
 from tether.core.engine import Engine
-from tether.core.execution import MISSING
+from tether.core.outage import MISSING
 from tether.errors import ConfigurationError
 from tether.store.port import CheckpointStatus
 

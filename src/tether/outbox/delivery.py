@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from tether.core.engine import Engine
-from tether.core.execution import MISSING, retry_store
+from tether.core.outage import MISSING, retry_store
 from tether.core.retry import Retry
 from tether.errors import ConfigurationError, StepOutcomeUnknown
 from tether.outbox.client import Client, shown

@@ -13,7 +13,9 @@ from typing import Any
 
 from tether.core.context import current_scope
 from tether.core.engine import Engine
-from tether.core.execution import MISSING, RunContext, Slot
+from tether.core.execution import RunContext
+from tether.core.outage import MISSING
+from tether.core.slot import Slot
 from tether.core.transaction import current_transaction
 from tether.errors import ConfigurationError, NotInWorkflow
 from tether.outbox.delivery import SERVICE, Delivery
