@@ -39,7 +39,13 @@ async def test_the_checkpoints_an_end_carries_are_written_with_it(store: Store) 
     lease = await running(store, "r1")
     first = checkpoint(0, "one", "1")
     await store.write_checkpoint(lease, first, NOW)
-    last = [checkpoint(1, "two", '{"x": [1, 2]}'), checkpoint(2, "three", None)]
+    # Text that JSON must escape (PostgreSQL carries them as one JSON array), and a long one.
+    hostile = json.dumps({"q": 'a "quote", a \\ back\nslash, \u2028, é ☃ 🚀', "pad": "x" * 70_000})
+    last = [
+        checkpoint(1, "two", '{"x": [1, 2]}'),
+        checkpoint(2, "three", None),
+        checkpoint(3, 'four "4"', hostile),
+    ]
     await store.finish_run(lease, RunStatus.SUCCEEDED, '"done"', None, NOW + 2, checkpoints=last)
     assert await store.load_history("r1") == [stored(c, lease) for c in [first, *last]]
     run = await get(store, "r1")
