@@ -52,6 +52,15 @@ async def test_the_checkpoints_an_end_carries_are_written_with_it(store: Store) 
     assert (run.status, run.result, run.owner) == (RunStatus.SUCCEEDED, '"done"', None)
 
 
+async def test_an_end_carrying_one_seq_twice_keeps_the_last(store: Store) -> None:
+    lease = await running(store, "r1")
+    first, again = checkpoint(0, "one", '"first"'), checkpoint(0, "one", '"again"')
+    await store.finish_run(lease, RunStatus.SUCCEEDED, '"done"', None, NOW + 1,
+                           checkpoints=[first, again])  # fmt: skip
+    assert await store.load_history("r1") == [stored(again, lease)]
+    assert (await get(store, "r1")).status is RunStatus.SUCCEEDED
+
+
 async def test_a_carried_checkpoint_takes_the_place_of_its_started_marker(store: Store) -> None:
     lease = await running(store, "r1")
     marker = dataclasses.replace(checkpoint(0, "pay", None), status=CheckpointStatus.STARTED)

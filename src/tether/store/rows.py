@@ -235,11 +235,14 @@ CARRIED_COLUMNS = tuple(c for c in CHECKPOINT_PARAMS if c not in ("run_id", "wor
 
 def carried_rows(checkpoints: Sequence[Checkpoint]) -> str:
     """The checkpoints as one JSON array of objects keyed by CARRIED_COLUMNS (by orjson: a
-    carried 1 MB result is escaped in a fraction of the standard library's time)."""
+    carried 1 MB result is escaped in a fraction of the standard library's time). One row per
+    seq, the last given, as upserting them one after another leaves it: a single INSERT may
+    not change a row twice."""
+    last = {c.seq: c for c in checkpoints}
     rows = [dict(zip(CARRIED_COLUMNS, (c.seq, c.name, c.kind, c.status.value, c.result, c.error,
                                        c.attempts, c.started_at, c.finished_at, c.retry_at,
                                        c.at, c.args), strict=True))
-            for c in checkpoints]  # fmt: skip
+            for c in last.values()]  # fmt: skip
     try:
         return orjson.dumps(rows).decode()
     except TypeError:  # what orjson refuses (a lone surrogate): the standard library's text
