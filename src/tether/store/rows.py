@@ -239,10 +239,10 @@ def carried_rows(checkpoints: Sequence[Checkpoint]) -> str:
     seq, the last given, as upserting them one after another leaves it: a single INSERT may
     not change a row twice."""
     last = {c.seq: c for c in checkpoints}
-    rows = [dict(zip(CARRIED_COLUMNS, (c.seq, c.name, c.kind, c.status.value, c.result, c.error,
-                                       c.attempts, c.started_at, c.finished_at, c.retry_at,
-                                       c.at, c.args), strict=True))
-            for c in last.values()]  # fmt: skip
+    rows = []
+    for c in last.values():
+        params = checkpoint_params("", c, c.result, None, None)
+        rows.append({column: params[column] for column in CARRIED_COLUMNS})
     try:
         return orjson.dumps(rows).decode()
     except TypeError:  # what orjson refuses (a lone surrogate): the standard library's text

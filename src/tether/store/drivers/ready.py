@@ -10,7 +10,7 @@ import asyncio
 
 def others_ready(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether a callback is ready in `loop` (cancelled ones, which the loop only drops, do not
-    count: a wake-up taken back, such as a run's kick once its write came first)."""
+    count: a wake-up taken back is no work)."""
     ready = getattr(loop, "_ready", None)
     if ready is None:
         return True

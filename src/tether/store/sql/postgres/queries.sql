@@ -163,7 +163,8 @@ WHERE run_id = ANY(%(run_ids)s::text[]) ORDER BY run_id, seq;
 -- name: upsert_checkpoint
 -- The hot path: fenced in the same statement (no row unless the lease is held; the run's row is
 -- share-locked, so a claim that would move it waits for this commit and one that moved it first
--- makes this insert nothing), bound by position in rows.CHECKPOINT_PARAMS order.
+-- makes this insert nothing), bound by position in rows.CHECKPOINT_PARAMS order. Its ON
+-- CONFLICT list is finish_alone_carrying's: keep them one.
 WITH c (run_id, seq, name, kind, status, result, error, attempts, started_at, finished_at,
         retry_at, worker, epoch, position, args) AS (
     VALUES (%s::text, %s::integer, %s::text, %s::text, %s::text, %s::text, %s::text,
@@ -206,7 +207,8 @@ SELECT tether_finish_alone(%(run_id)s, %(worker)s, %(epoch)s, %(status)s, %(resu
 -- finish_alone with the checkpoints the execution completed last, in the same one statement,
 -- as one JSON array of rows (rows.carried_rows): written only once the function ended the run
 -- (it holds the run's row, locked under the lease), so an answer FALSE changes nothing at all,
--- and the full end writes them in its transaction.
+-- and the full end writes them in its transaction. Its ON CONFLICT list is upsert_checkpoint's:
+-- keep them one.
 WITH f AS (
     SELECT tether_finish_alone(%(run_id)s, %(worker)s, %(epoch)s, %(status)s, %(result)s,
                                %(error)s, %(now)s, %(failures)s::integer) AS done
