@@ -24,9 +24,11 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
 import psycopg
 
+from tether.store.drivers.postgres.direct import Direct
 from tether.store.postgres import parse_postgres_url
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,10 +38,12 @@ from tests.postgres_server import LocalPostgres, with_schema  # noqa: E402
 
 from bench.engine import (  # noqa: E402
     MB,
+    RECOVERIES,
     concurrent,
     large_results,
     make_app,
     paired,
+    recoveries,
     recovery,
     sequential,
 )
@@ -137,6 +141,60 @@ def cpu_times() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
+async def statements_alone(url: str, runs: int) -> float:
+    """Steps per second of the statements alone: those one sequential run sent (its start, its
+    10 checkpoints, its end), recorded from the engine, then sent again for `runs` new run ids,
+    one after another, through the engine's own driver path and nothing else. The floor the
+    sequential figure is read against: what separates the two is the engine's own work
+    between statements, not the database's."""
+    sent: list[tuple[str, Any]] = []
+    original = Direct.execute
+
+    async def recording(self: Direct, conn: Any, sql: str, params: Any) -> Any:
+        sent.append((sql, params))
+        return await original(self, conn, sql, params)
+
+    app, ten = make_app(url)
+    async with app:
+        await (await app.start(ten, 0)).result()  # warm up: schema, prepared statements
+        Direct.execute = recording  # type: ignore[method-assign]
+        try:
+            handle = await app.start(ten, 0)
+            await handle.result()
+        finally:
+            Direct.execute = original  # type: ignore[method-assign]
+    recorded = [(sql, params) for sql, params in sent if handle.id in _values(params)]
+    if len(recorded) != 12:
+        raise RuntimeError(f"a run sent {len(recorded)} statements alone, not its 12: "
+                           "the figure would not be the floor of the sequential one")  # fmt: skip
+    conninfo, schema = parse_postgres_url(url)
+    direct = Direct(prepare=True)
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        await conn.execute(f'SET search_path TO "{schema}"')
+
+        async def one() -> None:
+            run_id = uuid.uuid4().hex
+            for sql, params in recorded:
+                await direct.execute(conn, sql, _replaced(params, handle.id, run_id))
+
+        await one()  # prepared, as the engine's were
+        start = time.perf_counter()
+        for _ in range(runs):
+            await one()
+        elapsed = time.perf_counter() - start
+    return runs * 10 / elapsed
+
+
+def _values(params: Any) -> list[Any]:
+    return list(params.values()) if isinstance(params, dict) else list(params)
+
+
+def _replaced(params: Any, old: str, new: str) -> Any:
+    if isinstance(params, dict):
+        return {k: new if v == old else v for k, v in params.items()}
+    return [new if v == old else v for v in params]
+
+
 BUSY: dict[int, float] = {}  # workers -> the machine's CPU busy share while they ran
 
 
@@ -196,6 +254,11 @@ def main() -> None:
             lambda: asyncio.run(sequential(fresh(), int(100 * scale))),
             5,
         )
+        floor, _, floor_ratios = paired(
+            lambda: raw_commit_rate(base, int(1000 * scale)),
+            lambda: asyncio.run(statements_alone(fresh(), int(100 * scale))),
+            3,
+        )
         raw_parallel = asyncio.run(raw_parallel_rate(base, int(8000 * scale)))
         conc = asyncio.run(concurrent(fresh(), 200))
         big, raw_big, big_ratios = paired(
@@ -203,7 +266,7 @@ def main() -> None:
             lambda: asyncio.run(large_results(fresh(), max(2, int(20 * scale)))),
             3,
         )
-        rec = postgres_recovery(fresh())
+        rec, recs = recoveries(lambda _: postgres_recovery(fresh()))
         # Twice a worker's concurrency (1000), so that two workers both get runs to claim.
         one = asyncio.run(processes(fresh(), 2000, 1))
         two = asyncio.run(processes(fresh(), 2000, 2))
@@ -213,12 +276,16 @@ def main() -> None:
         "sequential_steps_per_s": round(seq),
         "sequential_ratio_to_raw": round(statistics.median(ratios), 2),
         "sequential_ratio_rounds": [round(r, 2) for r in ratios],
+        "statements_alone_steps_per_s": round(floor),
+        "statements_alone_ratio_to_raw": round(statistics.median(floor_ratios), 2),
+        "engine_own_us_per_step": round(1e6 / seq - 1e6 / floor, 1),
         "concurrent_steps_per_s": round(conc),
         "concurrent_ratio_to_raw_parallel": round(conc / raw_parallel, 2),
         "large_result_steps_per_s": round(big, 1),
         "raw_large_commits_per_s": round(raw_big, 1),
         "large_result_ratio_to_raw": round(statistics.median(big_ratios), 2),
         "recovery_s": round(rec, 3),
+        "recovery_samples_s": [round(r, 3) for r in recs],
         "one_process_steps_per_s": round(one),
         "two_processes_steps_per_s": round(two),
         "two_processes_ratio": round(two / one, 2),
@@ -237,6 +304,11 @@ def main() -> None:
     )
     print(f"  5 rounds, each to the raw rate around it: {', '.join(f'{r:.2f}' for r in ratios)}")
     print(
+        f"  its 12 statements alone       {floor:10,.0f} steps/s   "
+        f"{statistics.median(floor_ratios):5.2f} x raw   (the floor: the engine's own work "
+        f"{1e6 / seq - 1e6 / floor:.0f} us/step)"
+    )
+    print(
         f"concurrent, 200 runs x 10 steps {conc:10,.0f} steps/s   "
         f"{conc / raw_parallel:5.2f} x raw, 8 conns   (target >= 5,000 steps/s)"
     )
@@ -246,6 +318,7 @@ def main() -> None:
         f"{statistics.median(big_ratios):5.2f} x raw 1 MB   (target >= 150 steps/s)"
     )
     print(f"recovery, 0.5 s of work left    {rec:10.3f} s                     (target <= 0.9 s)")
+    print(f"  median of {RECOVERIES} processes: {', '.join(f'{r:.3f}' for r in recs)} s")
     print(f"1 worker process                {one:10,.0f} steps/s")
     print(
         f"2 worker processes              {two:10,.0f} steps/s   {two / one:5.2f} x one"
