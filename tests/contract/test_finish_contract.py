@@ -30,7 +30,7 @@ from tests.postgres_server import execute_in, with_schema
 from tether import faults
 from tether.errors import LeaseLost, StoreUnavailable
 from tether.store.keys import child_key
-from tether.store.port import CheckpointStatus, Lease, NewRun, RunStatus, Store
+from tether.store.port import Checkpoint, CheckpointStatus, Lease, NewRun, RunStatus, Store
 from tether.store.postgres import PostgresStore
 from tether.store.query import Query
 
@@ -59,6 +59,42 @@ async def test_an_end_carrying_one_seq_twice_keeps_the_last(store: Store) -> Non
                            checkpoints=[first, again])  # fmt: skip
     assert await store.load_history("r1") == [stored(again, lease)]
     assert (await get(store, "r1")).status is RunStatus.SUCCEEDED
+
+
+async def test_an_end_carrying_text_that_cannot_be_stored_fails_as_a_write_of_it_fails(
+    store: Store,
+) -> None:
+    """A surrogate pair held as two code points (a `tether.patched()` id can be any str) is no
+    text a database stores: a checkpoint write of it fails, and so does an end carrying it, with
+    the same error and nothing written. (JSON's escapes would have joined the pair into one
+    character on PostgreSQL, storing a name the code never gave.)"""
+    lease = await running(store, "r1")
+    bad = checkpoint(1, "patch:\ud83d\ude00", "1")
+    with pytest.raises(Exception) as alone:
+        await store.write_checkpoint(lease, bad, NOW)
+    with pytest.raises(type(alone.value)):
+        await store.finish_run(lease, RunStatus.SUCCEEDED, '"done"', None, NOW + 2,
+                               checkpoints=[bad])  # fmt: skip
+    assert (await get(store, "r1")).status is RunStatus.RUNNING
+    assert await store.load_history("r1") == []
+
+
+async def test_an_end_carrying_non_finite_times_stores_them_as_a_write_does(store: Store) -> None:
+    """NaN and infinities (a custom clock's) come back from an end that carried them as they
+    come back from a checkpoint write on the same backend, not turned into NULL by JSON."""
+    times = dataclasses.replace(checkpoint(1, "now", "1"), started_at=float("nan"),
+                                finished_at=float("inf"), retry_at=float("-inf"))  # fmt: skip
+    written, carried = await running(store, "written"), await running(store, "carried")
+    await store.write_checkpoint(written, times, NOW)
+    await store.finish_run(carried, RunStatus.SUCCEEDED, '"done"', None, NOW + 2,
+                           checkpoints=[times])  # fmt: skip
+
+    def stored_times(history: list[Checkpoint]) -> list[str]:
+        return [repr((c.started_at, c.finished_at, c.retry_at)) for c in history]
+
+    expected = stored_times(await store.load_history("written"))
+    assert expected[0].endswith(", inf, -inf)")  # as written, whatever NaN becomes
+    assert stored_times(await store.load_history("carried")) == expected
 
 
 async def test_a_carried_checkpoint_takes_the_place_of_its_started_marker(store: Store) -> None:

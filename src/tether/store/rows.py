@@ -5,6 +5,7 @@ name, and each record from its row (and to its query parameters). It knows no da
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -233,20 +234,34 @@ def checkpoint_params(
 CARRIED_COLUMNS = tuple(c for c in CHECKPOINT_PARAMS if c not in ("run_id", "worker", "epoch"))
 
 
+# The carried columns of double precision, and how PostgreSQL's float input spells what JSON
+# has no number for (orjson would write null, storing NULL where a write stores the value).
+_TIMES = ("started_at", "finished_at", "retry_at")
+_NON_FINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
 def carried_rows(checkpoints: Sequence[Checkpoint]) -> str:
     """The checkpoints as one JSON array of objects keyed by CARRIED_COLUMNS (by orjson: a
-    carried 1 MB result is escaped in a fraction of the standard library's time). One row per
-    seq, the last given, as upserting them one after another leaves it: a single INSERT may
-    not change a row twice."""
+    carried 1 MB result is escaped in a fraction of the standard library's time), each value
+    read back as a checkpoint write stores it. One row per seq, the last given, as upserting
+    them one after another leaves it: a single INSERT may not change a row twice."""
     last = {c.seq: c for c in checkpoints}
     rows = []
     for c in last.values():
         params = checkpoint_params("", c, c.result, None, None)
-        rows.append({column: params[column] for column in CARRIED_COLUMNS})
+        row = {column: params[column] for column in CARRIED_COLUMNS}
+        for column in _TIMES:
+            value = row[column]
+            if value is not None and not math.isfinite(value):
+                row[column] = _NON_FINITE[repr(float(value))]
+        rows.append(row)
     try:
         return orjson.dumps(rows).decode()
-    except TypeError:  # what orjson refuses (a lone surrogate): the standard library's text
-        return json.dumps(rows)
+    except TypeError:
+        # What orjson refuses (text with surrogates) is written raw, not escaped: sending it
+        # then fails as a write of it does. Escaped, a pair of surrogates would be joined into
+        # one character by the server's JSON, storing a text the code never gave.
+        return json.dumps(rows, ensure_ascii=False)
 
 
 def audit_to_row(entry: AuditEntry) -> dict[str, Any]:

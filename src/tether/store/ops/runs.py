@@ -243,7 +243,7 @@ def finish_run(
     now: float,
     checkpoints: Sequence[Checkpoint] = (),
 ) -> Op[None]:
-    """The run's end, with the `checkpoints` its execution completed last written first."""
+    """The run's end, with the `checkpoints` its execution completed last in the same commit."""
     params = {**fence(lease), "status": str(status), "result": result, "error": error,
               "now": now, "failures": failures}  # fmt: skip
     # A run with no parent and no pending approval ends by its own row: a dialect may do that
